@@ -1,0 +1,136 @@
+"""The method interface: a pFL method is a handful of pure functions of tensor dicts.
+
+A client's state and the server's state are flat dicts of tensors ("body.0.weight",
+"head.weight", plus whatever a method adds). The engine, written once, runs every method:
+
+    broadcast(server, client) -> client      what a client takes from the server each round
+    phases()                  -> [Phase]     local training: which tensors, how long, which loss
+    loss(state, server, x, y) -> scalar      the local objective of one minibatch
+    upload(client)            -> dict        what a client sends
+    aggregate(server, uploads, weights) -> server
+    logits(state, server, x)  -> logits      how a client predicts (its personalized model)
+
+Every function sees one client; the engine maps it over a cohort one client at a time
+(sequential) or all at once with torch.func.vmap (vectorized), so a method must not branch
+on tensor values or mutate its inputs. This package depends on torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+State = dict[str, torch.Tensor]
+
+
+class Net:
+    """Functional view of a backbone with `body` (feature extractor) and `head` submodules."""
+
+    def __init__(self, backbone: nn.Module):
+        self.module = backbone
+        self.feature_dim: int = backbone.feature_dim
+        self.param_keys = [k for k, _ in backbone.named_parameters()]
+        self.buffer_keys = [k for k, _ in backbone.named_buffers()]
+        self._local = {
+            part: [k for k, _ in getattr(backbone, part).named_parameters()] + [k for k, _ in getattr(backbone, part).named_buffers()]
+            for part in ("body", "head")
+        }
+
+    def initial_state(self) -> State:
+        return {k: v.detach().clone() for k, v in self.module.state_dict(keep_vars=True).items()}
+
+    def _call(self, part: str, state: State, prefix: str, inp: torch.Tensor) -> torch.Tensor:
+        tensors = {k: state[prefix + k] for k in self._local[part]}
+        return functional_call(getattr(self.module, part), tensors, (inp,))
+
+    def features(self, state: State, x: torch.Tensor, prefix: str = "body.") -> torch.Tensor:
+        return self._call("body", state, prefix, x)
+
+    def head(self, state: State, h: torch.Tensor, prefix: str = "head.") -> torch.Tensor:
+        return self._call("head", state, prefix, h)
+
+    def keys(self, prefixes: tuple[str, ...], params_only: bool = True) -> list[str]:
+        pool = self.param_keys if params_only else self.param_keys + self.buffer_keys
+        return [k for k in pool if k.startswith(prefixes)]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of local SGD over the client's training data."""
+
+    trains: tuple[str, ...]  # prefixes of the client tensors this phase updates
+    epochs: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    loss: Callable[..., torch.Tensor] | None = None  # (state, server, x, y) -> scalar; None: the method's loss
+
+
+@dataclass
+class Training:
+    """The engine's local-training settings a method builds its phases from."""
+
+    lr: float
+    local_epochs: int
+    batch_size: int
+
+
+@dataclass
+class NoHparams:
+    pass
+
+
+class Method:
+    """Base class with FedAvg's behaviour: one shared model, trained with cross-entropy."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # how the papers' tables name it
+    Hparams: ClassVar[type] = NoHparams
+    shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
+
+    def __init__(self, net: Net, training: Training, hp=None):
+        self.net = net
+        self.training = training
+        self.hp = hp if hp is not None else self.Hparams()
+
+    # --- what clients and the server hold
+    def init_client(self, model: State) -> State:
+        return {k: v.clone() for k, v in model.items()}
+
+    def init_server(self, model: State) -> State:
+        return {k: model[k].clone() for k in self.net.keys(self.shared)}
+
+    # --- one round
+    def broadcast(self, server: State, client: State) -> State:
+        return {**client, **server}
+
+    def phases(self) -> list[Phase]:
+        return [Phase(("body.", "head."), self.training.local_epochs, self.training.lr)]
+
+    def loss(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(state, server, x), y)
+
+    def upload(self, client: State) -> State:
+        return {k: client[k] for k in self.net.keys(self.shared)}
+
+    def aggregate(self, server: State, uploads: State, weights: torch.Tensor) -> State:
+        """Sample-weighted mean over the cohort; uploads are stacked along dim 0."""
+        w = weights / weights.sum()
+        return {**server, **{k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in uploads.items()}}
+
+    # --- prediction with the client's personalized model
+    def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
+        return self.net.head(state, self.net.features(state, x))
+
+    def eval_phases(self) -> list[Phase]:
+        """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""
+        return []
+
+
+def hparam_names(method_cls: type[Method]) -> list[str]:
+    return [f.name for f in fields(method_cls.Hparams)]

@@ -1,0 +1,1 @@
+"""pFL tuner: federated simulations, hyperparameter sweeps and paper tables."""

@@ -1,0 +1,139 @@
+"""The `tuner` command."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tuner.config import RunConfig, apply_settings, load_yaml, parse_set
+from tuner.errors import UserError
+
+app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
+data_app = typer.Typer(help="Look at datasets and partitions.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+
+
+def user_errors(fn):
+    """A user's mistake ends with one sentence and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+
+    return wrapper
+
+
+SET_HELP = "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."
+
+
+def make_config(method: str, config: Path | None, options: dict, sets: list[str]) -> RunConfig:
+    cfg = RunConfig(method=method)
+    if config is not None:
+        cfg = apply_settings(cfg, load_yaml(config), str(config))
+    cfg = apply_settings(cfg, {k: v for k, v in options.items() if v is not None}, "option")
+    return apply_settings(cfg, parse_set(sets), "--set")
+
+
+@app.command()
+@user_errors
+def run(
+    method: str = typer.Argument(..., help="Method name: fedavg, fedprox, local, fedavg_ft, fedper, fedrep."),
+    dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har [default: fmnist]."),
+    partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet) or pac:S (FedPAC, S % uniform) [default: dir:0.1]."),
+    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20]."),
+    rounds: Optional[int] = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
+    out: Path = typer.Option(Path("results/runs/latest"), help="Directory for config.yaml, metrics.parquet and checkpoint.pt."),
+    config: Optional[Path] = typer.Option(None, help="YAML file of settings (same names as --set)."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: bool = typer.Option(False, help="Continue the run in --out from its checkpoint up to --rounds."),
+):
+    """Run one federated simulation and write its per-round metrics."""
+    from tuner.run import RunDir, run as run_simulation
+
+    if resume:
+        cfg = RunDir(out).read_config()
+        cfg = replace(cfg, rounds=rounds or cfg.rounds)
+    else:
+        opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
+        cfg = make_config(method, config, opts, set_).resolved()
+    done = 0
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}  best {task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, transient=False,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(f"{cfg.method} round", total=cfg.rounds, acc="-", best="-")
+
+        def on_round(row: dict) -> None:
+            nonlocal done
+            fmt = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"  # noqa: E731
+            progress.update(task, completed=row["round"], acc=fmt(row.get("acc")), best=fmt(row.get("best_acc")))
+            done += 1
+
+        t0 = time.perf_counter()
+        sim = run_simulation(cfg, out, resume=resume, on_round=on_round)
+    summarize(sim.history, out, time.perf_counter() - t0, done)
+
+
+def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -> None:
+    evals = [h for h in history if "acc" in h]
+    table = Table(title="Run summary", show_header=False)
+    if evals:
+        best = max(evals, key=lambda h: h["acc"])
+        table.add_row("best accuracy", f"{100 * best['acc']:.2f}% (round {best['round']})")
+        last = evals[-1]
+        table.add_row("last accuracy", f"{100 * last['acc']:.2f}% (round {last['round']}), client std {100 * last['acc_std']:.2f}")
+        if "val_acc" in last:
+            table.add_row("last val accuracy", f"{100 * last['val_acc']:.2f}%")
+    table.add_row("rounds run", f"{rounds_run} in {seconds:.1f} s ({seconds / max(rounds_run, 1):.2f} s/round)")
+    table.add_row("results", str(out))
+    console.print(table)
+
+
+@data_app.command("show")
+@user_errors
+def data_show(
+    dataset: str = typer.Option("fmnist", help="Dataset name."),
+    partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA or pac:S."),
+    clients: int = typer.Option(20, help="Number of clients."),
+    out: Path = typer.Option(Path("partition.png"), help="PNG file to draw the partition into."),
+    set_: list[str] = typer.Option([], "--set", help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, pac_train, pac_test, data_dir."),
+):
+    """Draw a partition as the papers do (clients x classes, circle size = samples) and summarize it."""
+    from tuner.data.show import draw_partition, summary_rows
+    from tuner.run import build_data, resolve_device
+
+    cfg = make_config("fedavg", None, {"dataset": dataset, "partition": partition, "clients": clients}, set_).resolved()
+    data = build_data(cfg, resolve_device("cpu"))
+    draw_partition(data, out, f"{dataset} {partition}, {clients} clients")
+    table = Table(title=f"{dataset} {partition}: {clients} clients")
+    rows = summary_rows(data)
+    for col in rows[0]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    console.print(table)
+    console.print(f"partition drawn to {out}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""A run's settings: one dataclass for the engine and data, plus the method's own hyperparameters.
+
+Settings come from defaults, then a YAML file (`--config`), then `--set name=value`; a name
+that is neither a run setting nor a hyperparameter of the method is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from algorithms import METHODS
+from algorithms.base import hparam_names
+from tuner.data.datasets import LOADERS
+from tuner.data.federated import SHIFTS
+from tuner.data.partition import parse_partition
+from tuner.engine import EXECUTORS
+from tuner.errors import UserError
+from tuner.models import BACKBONES
+
+
+@dataclass
+class RunConfig:
+    method: str = "fedavg"
+    dataset: str = "fmnist"
+    partition: str = "dir:0.1"  # iid, pat:N, dir:BETA, pac:S
+    clients: int = 20
+    rounds: int = 100
+    seed: int = 0
+    backbone: str | None = None  # None: the dataset's default
+    lr: float | None = None  # None: the backbone's default from the papers
+    batch_size: int = 10
+    local_epochs: int = 1
+    join_ratio: str = "1"  # a fraction, or LO-HI to draw it each round
+    eval_gap: int = 1
+    train_frac: float = 0.75
+    val_frac: float = 0.0  # validation carved from each client's training part
+    min_samples: int | None = None  # None: min(batch/(1-train_frac), samples/clients/2), as PFLlib
+    balance: bool = False  # pathological partition with equal class shares
+    groups: int = 5
+    shift: str = "none"  # none | concept (label permutation per group) | rotate (feature skew per group)
+    pac_train: int | None = None  # FedPAC's per-client sizes; None: the dataset's default
+    pac_test: int | None = None
+    data_dir: str | None = None
+    download: bool = True
+    executor: str = "vectorized"
+    device: str = "auto"
+    cohort_chunk: int = 0
+    eval_batch: int = 256
+    checkpoint_every: int = 50
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> "RunConfig":
+        """Fill the defaults that depend on other settings, and check every value."""
+        from tuner.models import DEFAULT_BACKBONE, DEFAULT_LR
+
+        if self.method not in METHODS:
+            raise UserError(f"Unknown method '{self.method}'; choose one of {', '.join(METHODS)}.")
+        if self.dataset not in LOADERS:
+            raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}.")
+        backbone = self.backbone or DEFAULT_BACKBONE[self.dataset]
+        if backbone not in BACKBONES:
+            raise UserError(f"Unknown backbone '{backbone}'; choose one of {', '.join(BACKBONES)}.")
+        parse_partition(self.partition)
+        self.join_range()
+        for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
+        if self.local_epochs < 0 or self.cohort_chunk < 0:
+            raise UserError("Settings local_epochs and cohort_chunk cannot be negative.")
+        if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
+            raise UserError(f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}.")
+        if self.shift not in SHIFTS:
+            raise UserError(f"Unknown shift '{self.shift}'; choose one of {', '.join(SHIFTS)}.")
+        if self.executor not in EXECUTORS:
+            raise UserError(f"Unknown executor '{self.executor}'; choose one of {', '.join(EXECUTORS)}.")
+        lr = self.lr if self.lr is not None else DEFAULT_LR[backbone]
+        if lr <= 0:
+            raise UserError(f"Setting lr must be positive, not {lr}.")
+        hp = {**asdict(METHODS[self.method].Hparams()), **self.hparams}
+        return replace(self, backbone=backbone, lr=lr, hparams=hp)
+
+    def join_range(self) -> tuple[float, float]:
+        text = str(self.join_ratio)
+        try:
+            lo, _, hi = text.partition("-")
+            lo_f, hi_f = float(lo), float(hi or lo)
+        except ValueError:
+            lo_f = hi_f = -1.0
+        if not 0 < lo_f <= hi_f <= 1:
+            raise UserError(f"join_ratio '{text}' must be a fraction in (0, 1] or a range like 0.5-1.")
+        return lo_f, hi_f
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(asdict(self), sort_keys=False)
+
+
+RUN_FIELDS = {f.name: f for f in fields(RunConfig) if f.name != "hparams"}
+
+
+def _coerce(name: str, value: Any, default: Any, type_name: str) -> Any:
+    """Turn a YAML or command-line value into the setting's type."""
+    if value is None:
+        if "None" in type_name:
+            return None
+        raise UserError(f"Setting {name} needs a value.")
+    kind = "bool" if "bool" in type_name else "int" if "int" in type_name else "float" if "float" in type_name else "str"
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "false", "1", "0", "yes", "no"):
+            return str(value).lower() in ("true", "1", "yes")
+    elif kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)
+    elif kind == "float":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    else:
+        return str(value)
+    raise UserError(f"Setting {name} must be {'an' if kind == 'int' else 'a'} {kind}, not {value!r}.")
+
+
+def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> RunConfig:
+    """Apply name -> value pairs to run settings or the method's hyperparameters."""
+    if cfg.method not in METHODS:
+        raise UserError(f"Unknown method '{cfg.method}'; choose one of {', '.join(METHODS)}.")
+    hp_cls = METHODS[cfg.method].Hparams
+    hp_fields = {f.name: f for f in fields(hp_cls)}
+    updates, hp = {}, dict(cfg.hparams)
+    for name, value in settings.items():
+        if name in RUN_FIELDS:
+            f = RUN_FIELDS[name]
+            updates[name] = _coerce(name, value, f.default, str(f.type))
+        elif name in hp_fields:
+            hp[name] = _coerce(name, value, hp_fields[name].default, str(hp_fields[name].type))
+        else:
+            allowed = ", ".join(list(RUN_FIELDS) + hparam_names(METHODS[cfg.method]))
+            raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")
+    return replace(cfg, **updates, hparams=hp)
+
+
+def parse_set(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UserError(f"--set '{pair}' must look like name=value.")
+        out[name.strip()] = yaml.safe_load(value) if value.strip() else None
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"Config file {p} does not exist.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"Config file {p} is not valid YAML{where}; fix its syntax.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"Config file {p} must hold a mapping of name: value pairs.")
+    hp = data.pop("hparams", None) or {}
+    if not isinstance(hp, dict):
+        raise UserError(f"Config file {p}: 'hparams' must be a mapping.")
+    return {**data, **hp}

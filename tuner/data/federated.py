@@ -1,0 +1,99 @@
+"""Client data resident on the device: every client's split concatenated into one tensor.
+
+Batches are index gathers into these tensors, so a round never touches the disk or a
+DataLoader. Group shifts (FedPAC's concept shift and feature skew) are applied here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from tuner.data.datasets import Dataset, decode
+from tuner.data.partition import Partition
+from tuner.errors import UserError
+
+SHIFTS = ("none", "concept", "rotate")
+
+
+@dataclass
+class Split:
+    """One split (train, test or val) of all clients: client i owns rows offsets[i]:offsets[i+1]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    counts: list[int]
+
+    @property
+    def offsets(self) -> list[int]:
+        return [0, *np.cumsum(self.counts).tolist()]
+
+    def client(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return self.x[a:b], self.y[a:b]
+
+    def padded_index(self, ids: list[int], start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows start:start+width of each client in ids, as (index, mask); short clients are padded."""
+        off = self.offsets
+        pos = torch.arange(start, start + width)
+        counts = torch.tensor([self.counts[i] for i in ids])
+        mask = pos[None, :] < counts[:, None]
+        index = torch.tensor([off[i] for i in ids])[:, None] + torch.where(mask, pos[None, :], 0)
+        return index.clamp_(max=max(len(self.y) - 1, 0)), mask
+
+
+@dataclass
+class FederatedData:
+    train: Split
+    test: Split
+    val: Split | None
+    num_classes: int
+    input_shape: tuple[int, ...]
+    group: np.ndarray
+    decode: Callable[[torch.Tensor], torch.Tensor]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train.counts)
+
+    def label_counts(self) -> np.ndarray:
+        """(clients, classes) training-label histogram."""
+        out = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        y = self.train.y.cpu().numpy()
+        for i in range(self.num_clients):
+            a, b = self.train.offsets[i], self.train.offsets[i + 1]
+            out[i] = np.bincount(y[a:b], minlength=self.num_classes)
+        return out
+
+
+def build(ds: Dataset, part: Partition, shift: str, seed: int, device: torch.device) -> FederatedData:
+    if shift not in SHIFTS:
+        raise UserError(f"Unknown shift '{shift}'; choose one of {', '.join(SHIFTS)}.")
+    if shift == "rotate" and ds.kind != "image":
+        raise UserError(f"shift=rotate needs an image dataset; {ds.name} holds {ds.kind} data.")
+    groups = int(part.group.max()) + 1 if len(part.group) else 1
+    gen = np.random.default_rng(seed + 7919)
+    # Concept shift: group g relabels class c as perm[g][c]; group 0 keeps the true labels.
+    perms = [np.arange(ds.num_classes)] + [gen.permutation(ds.num_classes) for _ in range(groups - 1)]
+
+    def make(parts: list[np.ndarray]) -> Split:
+        xs, ys = [], []
+        for i, idx in enumerate(parts):
+            idx_t = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+            x, y = ds.x[idx_t], ds.y[idx_t]
+            g = int(part.group[i])
+            if shift == "concept":
+                y = torch.from_numpy(perms[g])[y]
+            elif shift == "rotate" and g > 0 and len(x):
+                from torchvision.transforms.functional import rotate
+
+                x = rotate(x, angle=360.0 * g / groups)  # feature skew: group g sees images rotated by g/G of a turn
+            xs.append(x)
+            ys.append(y)
+        return Split(torch.cat(xs).to(device), torch.cat(ys).to(device), [len(p) for p in parts])
+
+    val = make(part.val) if any(len(v) for v in part.val) else None
+    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds.kind))

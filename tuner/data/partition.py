@@ -1,0 +1,209 @@
+"""Splitting a pooled dataset over clients, as the papers do.
+
+`iid`, `pat:n` (pathological: n classes per client, GPFL/FedCP), `dir:b` (practical: Dirichlet
+b per class), and `pac:s` (FedPAC: s % uniform over all classes, the rest from the client's
+group's dominant classes, fixed sizes, test drawn from the same distribution). Every client
+gets disjoint train / test (and optionally validation) index sets into the pooled dataset.
+Results are cached on disk under a hash of every setting that shapes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tuner.errors import UserError
+
+CACHE_ROOT = Path(os.environ.get("TUNER_CACHE", Path.home() / ".cache" / "pfl-tuner")) / "partitions"
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    kind: str  # iid | pat | dir | pac
+    value: float | None  # classes per client, Dirichlet beta, or FedPAC's s in percent
+    clients: int
+    seed: int
+    train_frac: float = 0.75
+    val_frac: float = 0.0  # carved from each client's train part
+    min_samples: int = 40  # Dirichlet draws are repeated until every client has this many
+    balance: bool = False  # pathological: equal shares of each class among its holders
+    groups: int = 5  # client i belongs to group i mod groups (pac, shifts)
+    pac_train: int = 600
+    pac_test: int = 600
+
+    def key(self, dataset: str, n_samples: int) -> str:
+        blob = json.dumps({"dataset": dataset, "n": n_samples, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def parse_partition(text: str) -> tuple[str, float | None]:
+    """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None)."""
+    kind, _, value = text.partition(":")
+    if kind == "iid" and not value:
+        return "iid", None
+    if kind in ("pat", "dir", "pac") and value:
+        try:
+            v = float(value)
+        except ValueError:
+            v = None
+        if v is not None and v > 0 and (kind != "pat" or v.is_integer()) and (kind != "pac" or v <= 100):
+            return kind, v
+    raise UserError(
+        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0) or pac:S (S % uniform, 0-100)."
+    )
+
+
+@dataclass
+class Partition:
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    val: list[np.ndarray]
+    group: np.ndarray  # group id of every client
+
+    def sizes(self) -> np.ndarray:
+        return np.array([len(t) for t in self.train])
+
+
+def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_groups: list[list[int]] | None = None, dataset: str = "") -> Partition:
+    """Partition (cached) the pooled labels over spec.clients clients."""
+    path = CACHE_ROOT / f"{dataset}-{spec.kind}-{spec.key(dataset, len(labels))}.npz"
+    if dataset and path.exists():
+        return _load(path, spec.clients)
+    rng = np.random.default_rng(spec.seed)
+    group = np.arange(spec.clients) % spec.groups
+    if spec.kind == "pac":
+        train, test = _pac(labels, num_classes, spec, group, pac_groups, rng)
+    else:
+        if spec.kind == "iid":
+            owned = np.array_split(rng.permutation(len(labels)), spec.clients)
+        elif spec.kind == "pat":
+            owned = _pathological(labels, num_classes, spec, rng)
+        else:
+            owned = _dirichlet(labels, num_classes, spec, rng)
+        _check_sizes(owned, spec)
+        train, test = [], []
+        for idx in owned:  # PFLlib splits each client's data after partitioning, not stratified
+            idx = rng.permutation(idx)
+            cut = int(round(spec.train_frac * len(idx)))
+            train.append(idx[:cut])
+            test.append(idx[cut:])
+    val = []
+    for i, idx in enumerate(train):
+        n_val = int(round(spec.val_frac * len(idx)))
+        val.append(idx[len(idx) - n_val :])
+        train[i] = idx[: len(idx) - n_val]
+    result = Partition(train, test, val, group)
+    if dataset:
+        _save(path, result)
+    return result
+
+
+def _check_sizes(owned: list[np.ndarray], spec: PartitionSpec) -> None:
+    small = min(len(o) for o in owned)
+    if small < spec.min_samples:
+        raise UserError(
+            f"Partition {spec.kind}:{spec.value:g} leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer clients or a larger dataset."
+            if spec.value is not None
+            else f"Partition iid leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer clients."
+        )
+
+
+def _pathological(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """Each client holds exactly n classes; each class is split among its holders (disjoint)."""
+    n = int(spec.value)
+    present = np.unique(labels)
+    if n > len(present):
+        raise UserError(f"Partition pat:{n} asks for {n} classes per client but the dataset has {len(present)}.")
+    holders: dict[int, list[int]] = {int(c): [] for c in present}
+    for i in range(spec.clients):  # consecutive classes, wrapping round: client i holds i*n .. i*n+n-1
+        for j in range(n):
+            holders[int(present[(i * n + j) % len(present)])].append(i)
+    owned: list[list[np.ndarray]] = [[] for _ in range(spec.clients)]
+    for c, who in holders.items():
+        if not who:
+            continue
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        shares = np.ones(len(who)) if spec.balance else rng.uniform(0.1, 1.0, len(who))  # unbalanced, as in GPFL/FedCP
+        cuts = (np.cumsum(shares / shares.sum()) * len(idx)).astype(int)[:-1]
+        for client, part in zip(who, np.split(idx, cuts)):
+            owned[client].append(part)
+    return [np.concatenate(p) if p else np.array([], dtype=np.int64) for p in owned]
+
+
+def _dirichlet(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator, max_tries: int = 1000) -> list[np.ndarray]:
+    """Per class, q ~ Dir(beta) over clients; redraw until every client has min_samples."""
+    n, k = len(labels), spec.clients
+    if n < k * spec.min_samples:
+        raise UserError(f"The dataset has {n} samples, too few for {k} clients of at least {spec.min_samples}; use fewer clients.")
+    for _ in range(max_tries):
+        owned: list[list[int]] = [[] for _ in range(k)]
+        for c in range(num_classes):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            q = rng.dirichlet(np.full(k, spec.value))
+            # As in the reference partitioner: a client already holding its fair share gets no more.
+            q = q * np.array([len(o) < n / k for o in owned])
+            q = q / q.sum() if q.sum() > 0 else np.full(k, 1.0 / k)
+            cuts = (np.cumsum(q) * len(idx)).astype(int)[:-1]
+            for o, part in zip(owned, np.split(idx, cuts)):
+                o.extend(part.tolist())
+        if min(len(o) for o in owned) >= spec.min_samples:
+            return [np.array(o, dtype=np.int64) for o in owned]
+    raise UserError(
+        f"Partition dir:{spec.value:g} could not give each of {k} clients {spec.min_samples} samples in {max_tries} draws; use a larger beta or fewer clients."
+    )
+
+
+def pac_dominant_classes(num_classes: int, groups: int, pac_groups: list[list[int]] | None) -> list[list[int]]:
+    """FedPAC B.2: group g's dominant classes are three consecutive ones starting at 2g (10 classes)."""
+    if pac_groups is not None:
+        return pac_groups
+    step = max(1, num_classes // groups)
+    return [[(g * step + j) % num_classes for j in range(3)] for g in range(groups)]
+
+
+def _pac(labels, num_classes, spec, group, pac_groups, rng):
+    dominant = pac_dominant_classes(num_classes, spec.groups, pac_groups)
+    if pac_groups is not None and spec.groups != len(pac_groups):
+        raise UserError(f"This dataset's pac partition has {len(pac_groups)} groups; set groups={len(pac_groups)}.")
+    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)}
+    s = spec.value / 100.0
+    train, test = [], []
+    for i in range(spec.clients):
+        dom = dominant[group[i]]
+        probs = np.full(num_classes, s / num_classes)
+        probs[dom] += (1.0 - s) / len(dom)
+        for size, out in ((spec.pac_train, train), (spec.pac_test, test)):
+            counts = rng.multinomial(size, probs)
+            take = []
+            for c in np.flatnonzero(counts):
+                if len(pools[c]) < counts[c]:
+                    raise UserError(
+                        f"Partition pac:{spec.value:g} runs out of class {c} at client {i}; use fewer clients or smaller pac_train/pac_test."
+                    )
+                take.extend(pools[c][: counts[c]])
+                del pools[c][: counts[c]]
+            out.append(rng.permutation(np.array(take, dtype=np.int64)))
+    return train, test
+
+
+def _save(path: Path, p: Partition) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"group": p.group}
+    for name in ("train", "test", "val"):
+        parts = getattr(p, name)
+        arrays[name] = np.concatenate(parts) if parts else np.array([], dtype=np.int64)
+        arrays[name + "_sizes"] = np.array([len(x) for x in parts])
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)  # atomic: concurrent trials never read half a file
+
+
+def _load(path: Path, clients: int) -> Partition:
+    with np.load(path) as f:
+        split = {n: np.split(f[n], np.cumsum(f[n + "_sizes"])[:-1]) for n in ("train", "test", "val")}
+        return Partition(split["train"], split["test"], split["val"], f["group"])

@@ -1,0 +1,333 @@
+"""The federated engine, written once for every method.
+
+One round: sample a cohort, train it locally (the method's phases of SGD), upload, aggregate,
+broadcast the result to every client, and evaluate every client's personalized model.
+
+Two executors run the same pure method functions:
+- `sequential`: one client after another, plain torch.func.grad: the reference;
+- `vectorized`: the cohort at once, client states stacked along dim 0 and every step mapped
+  with torch.func.vmap. Clients with fewer batches drop out of the step: the cohort is
+  sorted by step count, so the clients still active are always a prefix of the stack.
+
+All randomness (cohort sampling, batch order) is a function of (seed, round, stream, client),
+so a saved state (round, server and client tensors, history) restores a run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import grad_and_value, vmap
+
+from algorithms.base import Method, Phase, State
+from tuner.data.federated import FederatedData, Split
+from tuner.errors import DivergedError
+
+EXECUTORS = ("vectorized", "sequential")
+
+
+@dataclass
+class EngineSettings:
+    seed: int = 0
+    batch_size: int = 10
+    join_ratio: tuple[float, float] = (1.0, 1.0)  # fixed when equal, else drawn uniformly each round
+    eval_gap: int = 1
+    executor: str = "vectorized"
+    cohort_chunk: int = 0  # clients per vectorized step; 0 = the whole cohort
+    eval_batch: int = 256  # samples per client per evaluation step
+
+
+def _mix(*ints: int) -> int:
+    return int(np.random.SeedSequence([int(i) for i in ints]).generate_state(1)[0])
+
+
+def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float]) -> list[int]:
+    rng = np.random.default_rng(_mix(seed, rnd, 0xC0))
+    lo, hi = join_ratio
+    ratio = lo if lo == hi else rng.uniform(lo, hi)
+    k = min(num_clients, max(1, int(round(ratio * num_clients))))
+    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int) -> torch.Tensor:
+    """(steps, batch) local row indices: a fresh permutation each epoch, last partial batch dropped (as PFLlib)."""
+    g = torch.Generator().manual_seed(_mix(seed, rnd, stream, client))
+    usable = n // batch * batch
+    rows = [torch.randperm(n, generator=g)[:usable].view(-1, batch) for _ in range(epochs)]
+    return torch.cat(rows) if rows else torch.empty(0, batch, dtype=torch.long)
+
+
+def _sgd(params: State, grads: State, momentum: State | None, phase: Phase) -> None:
+    """torch.optim.SGD's update, in place, on (stacked) tensors."""
+    for k, p in params.items():
+        d = grads[k]
+        if phase.weight_decay:
+            d = d + phase.weight_decay * p
+        if momentum is not None:
+            momentum[k].mul_(phase.momentum).add_(d)
+            d = momentum[k]
+        p.sub_(phase.lr * d)
+
+
+class Executor:
+    def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
+        self.method = method
+        self.data = data
+        self.settings = settings
+
+    def _step_loss(self, phase: Phase):
+        loss = phase.loss or self.method.loss
+
+        def f(params: State, rest: State, server: State, x, y):
+            return loss({**rest, **params}, server, x, y)
+
+        return grad_and_value(f)
+
+    def _schedules(self, ids: list[int], rnd: int, stream: int, epochs: int) -> list[torch.Tensor]:
+        s = self.settings
+        return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], s.batch_size, epochs) for i in ids]
+
+    def _trainable(self, phase: Phase, state: State) -> list[str]:
+        """A phase trains every floating tensor under its prefixes except BatchNorm statistics."""
+        stats = set(self.method.net.buffer_keys)
+        return [k for k, v in state.items() if k.startswith(phase.trains) and k not in stats and v.is_floating_point()]
+
+    def upload(self, clients: State) -> State:
+        first = self.method.upload({k: v[0] for k, v in clients.items()})
+        return self._upload(clients) if first else {}
+
+
+class SequentialExecutor(Executor):
+    """The reference: one client at a time, no vmap."""
+
+    def broadcast(self, server: State, clients: State, ids: list[int]) -> State:
+        outs = [self.method.broadcast(server, {k: v[i] for k, v in clients.items()}) for i in ids]
+        return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+
+    def _upload(self, clients: State) -> State:
+        n = next(iter(clients.values())).shape[0]
+        outs = [self.method.upload({k: v[j] for k, v in clients.items()}) for j in range(n)]
+        return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+
+    def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
+        """Train the stacked cohort states in place; returns each client's mean minibatch loss."""
+        train, decode = self.data.train, self.data.decode
+        losses = torch.zeros(len(ids), dtype=torch.float64)
+        steps = torch.zeros(len(ids))
+        self.method.net.module.train()
+        for p_idx, phase in enumerate(phases):
+            grad_fn = self._step_loss(phase)
+            keys = self._trainable(phase, cohort)
+            for j, (i, sched) in enumerate(zip(ids, self._schedules(ids, rnd, stream_base + p_idx, phase.epochs))):
+                params = {k: cohort[k][j].clone() for k in keys}
+                rest = {k: v[j] for k, v in cohort.items() if k not in params}  # views: BatchNorm statistics update in place
+                momentum = {k: torch.zeros_like(v) for k, v in params.items()} if phase.momentum else None
+                base = train.offsets[i]
+                for row in sched:
+                    idx = (row + base).to(train.y.device)
+                    g, loss = grad_fn(params, rest, server, decode(train.x[idx]), train.y[idx])
+                    _sgd(params, g, momentum, phase)
+                    losses[j] += loss.item()
+                    steps[j] += 1
+                for k in keys:
+                    cohort[k][j] = params[k]
+        return losses / steps.clamp(min=1)
+
+    @torch.no_grad()
+    def evaluate(self, clients: State, server: State, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client (correct, loss sum) on a split, with each client's personalized model."""
+        self.method.net.module.eval()
+        n = len(split.counts)
+        correct, loss_sum = torch.zeros(n), torch.zeros(n, dtype=torch.float64)
+        for i in range(n):
+            state = {k: v[i] for k, v in clients.items()}
+            x, y = split.client(i)
+            for a in range(0, len(y), self.settings.eval_batch):
+                out = self.method.logits(state, server, self.data.decode(x[a : a + self.settings.eval_batch]))
+                yb = y[a : a + self.settings.eval_batch]
+                correct[i] += (out.argmax(1) == yb).sum().item()
+                loss_sum[i] += torch.nn.functional.cross_entropy(out, yb, reduction="sum").item()
+        return correct, loss_sum
+
+
+class VectorizedExecutor(Executor):
+    """The whole cohort at once: stacked states, one vmapped step per batch index."""
+
+    def _chunks(self, n: int) -> list[slice]:
+        size = self.settings.cohort_chunk or n
+        return [slice(a, min(a + size, n)) for a in range(0, n, size)]
+
+    def broadcast(self, server: State, clients: State, ids: list[int]) -> State:
+        sub = {k: v[ids] for k, v in clients.items()}
+        return vmap(self.method.broadcast, in_dims=(None, 0))(server, sub)
+
+    def _upload(self, clients: State) -> State:
+        return vmap(self.method.upload)(clients)
+
+    def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
+        train, decode = self.data.train, self.data.decode
+        device = train.y.device
+        losses = torch.zeros(len(ids), dtype=torch.float64, device=device)
+        steps = torch.zeros(len(ids), device=device)
+        self.method.net.module.train()
+        for p_idx, phase in enumerate(phases):
+            step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0))
+            keys = self._trainable(phase, cohort)
+            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
+            for chunk in self._chunks(len(ids)):
+                # Most steps first: at step s the active clients are a prefix of the stack.
+                order = sorted(range(chunk.start, chunk.stop), key=lambda j: -len(scheds[j]))
+                n_steps = [len(scheds[j]) for j in order]
+                if not n_steps or n_steps[0] == 0:
+                    continue
+                width = self.settings.batch_size
+                index = torch.zeros(len(order), n_steps[0], width, dtype=torch.long)
+                for r, j in enumerate(order):
+                    index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
+                index = index.to(device)
+                active = [sum(1 for c in n_steps if c > s) for s in range(n_steps[0])]
+                order_t = torch.tensor(order, device=device)
+                params = {k: cohort[k][order_t].clone() for k in keys}
+                rest = {k: v[order_t].clone() for k, v in cohort.items() if k not in params}
+                momentum = {k: torch.zeros_like(v) for k, v in params.items()} if phase.momentum else None
+                chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
+                for s, a in enumerate(active):
+                    idx = index[:a, s]
+                    p_a = {k: v[:a] for k, v in params.items()}
+                    g, loss = step(p_a, {k: v[:a] for k, v in rest.items()}, server, decode(train.x[idx]), train.y[idx])
+                    _sgd(p_a, g, None if momentum is None else {k: v[:a] for k, v in momentum.items()}, phase)
+                    chunk_loss[:a] += loss.detach()
+                for k, v in {**params, **rest}.items():
+                    cohort[k][order_t] = v
+                losses[order_t] += chunk_loss
+                steps[order_t] += torch.tensor(n_steps, dtype=steps.dtype, device=device)
+        return (losses / steps.clamp(min=1)).cpu()
+
+    @torch.no_grad()
+    def evaluate(self, clients: State, server: State, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+        self.method.net.module.eval()
+        n = len(split.counts)
+        device = split.y.device
+        correct = torch.zeros(n, device=device)
+        loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
+        predict = vmap(self.method.logits, in_dims=(0, None, 0))
+        eb = self.settings.eval_batch
+        for chunk in self._chunks(n):
+            ids = sorted(range(chunk.start, chunk.stop), key=lambda i: -split.counts[i])
+            ids_t = torch.tensor(ids, device=device)
+            state = {k: v[ids_t] for k, v in clients.items()}
+            for start in range(0, split.counts[ids[0]], eb):
+                a = sum(1 for i in ids if split.counts[i] > start)
+                index, mask = split.padded_index(ids[:a], start, eb)
+                index, mask = index.to(device), mask.to(device)
+                out = predict({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]))
+                y = split.y[index]
+                correct[ids_t[:a]] += ((out.argmax(-1) == y) & mask).sum(1).float()
+                ce = torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+                loss_sum[ids_t[:a]] += (ce * mask).sum(1).double()
+        return correct.cpu(), loss_sum.cpu()
+
+
+def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:
+    return {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}[name](method, data, settings)
+
+
+def split_metrics(correct: torch.Tensor, loss_sum: torch.Tensor, counts: list[int]) -> dict[str, float]:
+    """The papers' accuracy (sum correct / sum samples) and fairness across clients."""
+    n = torch.tensor(counts, dtype=torch.float64)
+    has = n > 0
+    acc_i = correct.double()[has] / n[has]
+    mean = acc_i.mean().item()
+    std = acc_i.std(unbiased=False).item()
+    return {
+        "acc": correct.sum().item() / n.sum().item(),
+        "acc_client_mean": mean,
+        "acc_std": std,
+        "acc_cv": std / mean if mean > 0 else math.nan,
+        "loss": loss_sum.sum().item() / n.sum().item(),
+    }
+
+
+class Simulation:
+    """A whole federated run: its state, one round at a time."""
+
+    def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
+        self.method, self.data, self.settings = method, data, settings
+        self.executor = make_executor(settings.executor, method, data, settings)
+        model = method.net.initial_state()
+        self.server = method.init_server(model)
+        client = method.init_client(model)
+        n = data.num_clients
+        self.clients = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).contiguous() for k, v in client.items()}
+        self._broadcast(list(range(n)))
+        self.round = 0
+        self.history: list[dict] = []
+        self.best_acc = -math.inf
+        self.weights = torch.tensor(data.train.counts, dtype=torch.float32)
+
+    def _broadcast(self, ids: list[int]) -> None:
+        out = self.executor.broadcast(self.server, self.clients, ids)
+        ids_t = torch.tensor(ids, device=next(iter(self.clients.values())).device)
+        for k, v in out.items():
+            self.clients[k][ids_t] = v
+
+    def evaluate(self) -> dict[str, float]:
+        clients = self.clients
+        if self.method.eval_phases():  # fine-tune copies of every client first
+            clients = {k: v.clone() for k, v in clients.items()}
+            ids = list(range(self.data.num_clients))
+            self.executor.train(self.method.eval_phases(), clients, ids, self.server, self.round, 1000)
+        test = split_metrics(*self.executor.evaluate(clients, self.server, self.data.test), self.data.test.counts)
+        row = {k: test[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": test["loss"]}
+        if self.data.val is not None:
+            val = split_metrics(*self.executor.evaluate(clients, self.server, self.data.val), self.data.val.counts)
+            row |= {"val_acc": val["acc"], "val_loss": val["loss"]}
+        return row
+
+    def step(self) -> dict:
+        """Run one round and return its metrics row."""
+        t0 = time.perf_counter()
+        rnd = self.round + 1
+        s = self.settings
+        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio)
+        ids_t = torch.tensor(ids, device=next(iter(self.clients.values())).device)
+        cohort = {k: v[ids_t].clone() for k, v in self.clients.items()}
+        client_loss = self.executor.train(self.method.phases(), cohort, ids, self.server, rnd, 0)
+        n = self.weights[ids]
+        train_loss = float((client_loss * n.double()).sum() / n.sum())
+        if not math.isfinite(train_loss):
+            raise DivergedError(
+                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning rate (lr) and run again."
+            )
+        for k, v in cohort.items():
+            self.clients[k][ids_t] = v
+        uploads = self.executor.upload(cohort)  # empty for methods that share nothing
+        if uploads:
+            self.server = self.method.aggregate(self.server, uploads, n.to(ids_t.device))
+        self._broadcast(list(range(self.data.num_clients)))
+        self.round = rnd
+        row = {"round": rnd, "clients": len(ids), "train_loss": train_loss}
+        if rnd % s.eval_gap == 0:
+            row.update(self.evaluate())
+        self.best_acc = max(self.best_acc, row.get("acc", -math.inf))
+        row["best_acc"] = self.best_acc if self.best_acc > -math.inf else math.nan
+        row["time_s"] = time.perf_counter() - t0
+        self.history.append(row)
+        return row
+
+    # --- exact save / restore
+    def state_dict(self) -> dict:
+        cpu = lambda d: {k: v.detach().cpu() for k, v in d.items()}  # noqa: E731
+        return {"round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = next(iter(self.clients.values())).device
+        self.round = state["round"]
+        self.server = {k: v.to(device) for k, v in state["server"].items()}
+        self.clients = {k: v.to(device) for k, v in state["clients"].items()}
+        self.history = list(state["history"])
+        self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)

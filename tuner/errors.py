@@ -1,0 +1,13 @@
+"""Errors a user can cause. The CLI prints their message as one sentence and exits non-zero."""
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: bad setting, missing data, impossible partition."""
+
+    exit_code = 2
+
+
+class DivergedError(UserError):
+    """Training produced a non-finite loss; metrics written so far are kept."""
+
+    exit_code = 3

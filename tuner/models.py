@@ -1,0 +1,133 @@
+"""Backbones, each split into a feature extractor (`body`) and a head, with feature size K.
+
+Methods only see this split: parameter names start with "body." or "head.". Layer shapes
+follow the papers' reference code (REFERENCE.md); flatten sizes are found by a dry run, so a
+backbone builds for any input the dataset gives or says plainly why it cannot.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tuner.errors import UserError
+
+
+class Backbone(nn.Module):
+    def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int):
+        super().__init__()
+        self.body = body
+        self.head = head
+        self.feature_dim = feature_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def _flat_size(layers: nn.Module, input_shape: tuple[int, ...], name: str) -> int:
+    try:
+        with torch.no_grad():
+            return int(layers(torch.zeros(1, *input_shape)).flatten(1).shape[1])
+    except RuntimeError:
+        raise UserError(
+            f"Backbone {name} cannot take inputs of shape {tuple(input_shape)} (its convolutions shrink them to nothing); choose backbone=mlp for small images."
+        ) from None
+
+
+def _image_shape(input_shape, name):
+    if len(input_shape) != 3:
+        raise UserError(f"Backbone {name} needs image inputs (channels, height, width), not shape {tuple(input_shape)}.")
+
+
+def cnn4(input_shape, num_classes):
+    """GPFL/FedCP's 4-layer CNN (PFLlib FedAvgCNN), K = 512."""
+    _image_shape(input_shape, "cnn4")
+    convs = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+    )  # fmt: skip
+    dim = _flat_size(convs, input_shape, "cnn4")
+    return Backbone(nn.Sequential(convs, nn.Linear(dim, 512), nn.ReLU()), nn.Linear(512, num_classes), 512)
+
+
+def pac_cnn(input_shape, num_classes):
+    """FedPAC's CNNs (Appendix B.1): two convs for grey images, a third for colour ones; K = 128."""
+    _image_shape(input_shape, "pac_cnn")
+    layers = [
+        nn.Conv2d(input_shape[0], 16, 5), nn.LeakyReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2),
+    ]  # fmt: skip
+    if input_shape[0] == 3:
+        layers += [nn.Conv2d(32, 64, 3, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2)]
+    convs = nn.Sequential(*layers, nn.Flatten())
+    dim = _flat_size(convs, input_shape, "pac_cnn")
+    return Backbone(nn.Sequential(convs, nn.Linear(dim, 128), nn.LeakyReLU()), nn.Linear(128, num_classes), 128)
+
+
+def resnet18(input_shape, num_classes):
+    """torchvision ResNet-18 from scratch (ImageNet stem), K = 512; BatchNorm statistics stay per client."""
+    import torchvision
+
+    _image_shape(input_shape, "resnet18")
+    net = torchvision.models.resnet18(num_classes=num_classes)
+    if input_shape[0] != 3:
+        net.conv1 = nn.Conv2d(input_shape[0], 64, 7, 2, 3, bias=False)
+    head, net.fc = net.fc, nn.Identity()
+    _flat_size(net, input_shape, "resnet18")
+    return Backbone(net, head, 512)
+
+
+class MeanEmbedding(nn.Module):
+    """fastText's bag of embeddings: the mean over all (padded) token positions, as in PFLlib."""
+
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim, padding_idx=0)
+
+    def forward(self, tokens):
+        return self.embedding(tokens).mean(1)
+
+
+def fasttext(input_shape, num_classes, vocab: int = 32000):
+    if len(input_shape) != 1:
+        raise UserError(f"Backbone fasttext needs token sequences, not inputs of shape {tuple(input_shape)}.")
+    body = nn.Sequential(MeanEmbedding(vocab, 512), nn.Linear(512, 512))
+    return Backbone(body, nn.Linear(512, num_classes), 512)
+
+
+def harcnn(input_shape, num_classes):
+    """HAR-CNN for UCI HAR (9 channels x 128 steps); its head is a 3-layer MLP, K = 1664."""
+    if len(input_shape) != 3:
+        raise UserError(f"Backbone harcnn needs (channels, 1, steps) signals, not shape {tuple(input_shape)}.")
+    body = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, (1, 9)), nn.ReLU(), nn.MaxPool2d((1, 2)),
+        nn.Conv2d(32, 64, (1, 9)), nn.ReLU(), nn.MaxPool2d((1, 2)), nn.Flatten(),
+    )  # fmt: skip
+    dim = _flat_size(body, input_shape, "harcnn")
+    head = nn.Sequential(nn.Linear(dim, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, num_classes))
+    return Backbone(body, head, dim)
+
+
+def mlp(input_shape, num_classes):
+    """A 3-layer MLP (two hidden layers of 200 and the head), K = 200: fits any input size."""
+    dim = int(torch.tensor(input_shape).prod())
+    body = nn.Sequential(nn.Flatten(), nn.Linear(dim, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU())
+    return Backbone(body, nn.Linear(200, num_classes), 200)
+
+
+BACKBONES = {"cnn4": cnn4, "pac_cnn": pac_cnn, "resnet18": resnet18, "fasttext": fasttext, "harcnn": harcnn, "mlp": mlp}
+
+# The papers' learning rates per backbone (REFERENCE.md; FedPAC's CNN 0.01 on grey images).
+DEFAULT_LR = {"cnn4": 0.005, "mlp": 0.005, "resnet18": 0.1, "fasttext": 0.1, "harcnn": 0.01, "pac_cnn": 0.01}
+
+# The backbone each dataset gets when none is named; digits are 8x8, too small for 5x5 convolutions twice.
+DEFAULT_BACKBONE = {
+    "fmnist": "cnn4", "mnist": "cnn4", "emnist": "cnn4", "cifar10": "cnn4", "cifar100": "cnn4",
+    "tinyimagenet": "cnn4", "cinic10": "cnn4", "agnews": "fasttext", "har": "harcnn", "digits": "mlp",
+}  # fmt: skip
+
+
+def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int) -> Backbone:
+    if name not in BACKBONES:
+        raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}.")
+    return BACKBONES[name](tuple(input_shape), num_classes)

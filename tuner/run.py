@@ -1,0 +1,134 @@
+"""Assemble a simulation from a RunConfig, and run it with its results written as it goes.
+
+A run directory holds `config.yaml` (everything needed to rerun it), `metrics.parquet` (one
+row per round) and `checkpoint.pt` (the whole federated state, every `checkpoint_every`
+rounds and at the end), so a stopped run resumes exactly and a diverging one keeps its rows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import torch
+import yaml
+
+from algorithms import METHODS
+from algorithms.base import Net, Training
+from tuner.config import RunConfig
+from tuner.data.datasets import Dataset, load_dataset
+from tuner.data.federated import FederatedData, build
+from tuner.data.partition import PartitionSpec, parse_partition, partition
+from tuner.engine import EngineSettings, Simulation
+from tuner.errors import UserError
+from tuner.models import build_backbone
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"Device {name} was asked for but this machine has no CUDA GPU; use device=cpu.")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"Device '{name}' is not a torch device; use auto, cpu or cuda[:N].") from None
+
+
+def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
+    kind, value = parse_partition(cfg.partition)
+    n = len(ds.y)
+    min_samples = cfg.min_samples
+    if min_samples is None:  # PFLlib's floor: a few batches of training data, at most half a fair share
+        min_samples = int(min(cfg.batch_size / (1 - cfg.train_frac), n / cfg.clients / 2))
+    grey = ds.kind == "image" and ds.input_shape[0] == 1
+    return PartitionSpec(
+        kind=kind, value=value, clients=cfg.clients, seed=cfg.seed, train_frac=cfg.train_frac, val_frac=cfg.val_frac,
+        min_samples=min_samples, balance=cfg.balance, groups=cfg.groups,
+        pac_train=cfg.pac_train or (1000 if ds.name == "emnist" else 600),
+        pac_test=cfg.pac_test or (600 if grey else 300),
+    )  # fmt: skip
+
+
+def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
+    ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+    spec = partition_spec(cfg, ds)
+    part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=ds.name)
+    return build(ds, part, cfg.shift, cfg.seed, device)
+
+
+def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
+    cfg = cfg.resolved()
+    device = resolve_device(cfg.device)
+    data = data or build_data(cfg, device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)  # the same initial model for every executor and resume
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes).to(device)
+    method_cls = METHODS[cfg.method]
+    method = method_cls(Net(backbone), Training(cfg.lr, cfg.local_epochs, cfg.batch_size), method_cls.Hparams(**cfg.hparams))
+    settings = EngineSettings(
+        seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,
+        executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
+    )  # fmt: skip
+    return Simulation(method, data, settings)
+
+
+class RunDir:
+    """The files of one run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config = self.path / "config.yaml"
+        self.metrics = self.path / "metrics.parquet"
+        self.checkpoint = self.path / "checkpoint.pt"
+
+    def write_config(self, cfg: RunConfig) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(cfg.to_yaml())
+
+    def read_config(self) -> RunConfig:
+        if not self.config.exists():
+            raise UserError(f"{self.path} holds no config.yaml, so there is no run to resume there.")
+        return RunConfig(**yaml.safe_load(self.config.read_text()))
+
+    def write_metrics(self, history: list[dict]) -> None:
+        if history:
+            _atomic(self.metrics, lambda p: pd.DataFrame(history).to_parquet(p, index=False))
+
+    def save(self, sim: Simulation) -> None:
+        _atomic(self.checkpoint, lambda p: torch.save(sim.state_dict(), p))
+
+    def load(self, sim: Simulation) -> None:
+        if not self.checkpoint.exists():
+            raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
+        sim.load_state_dict(torch.load(self.checkpoint, weights_only=False))
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None) -> Simulation:
+    """Run cfg.rounds rounds (resume: from the checkpoint in `out`), writing results there."""
+    run_dir = RunDir(out)
+    cfg = cfg.resolved()
+    sim = build_simulation(cfg)
+    if resume:
+        run_dir.load(sim)
+    run_dir.write_config(cfg)
+    try:
+        while sim.round < cfg.rounds:
+            row = sim.step()
+            if on_round:
+                on_round(row)
+            if sim.round % cfg.checkpoint_every == 0:
+                run_dir.write_metrics(sim.history)
+                run_dir.save(sim)
+    finally:  # a diverging or interrupted run keeps every row it produced
+        run_dir.write_metrics(sim.history)
+    run_dir.save(sim)
+    return sim
