@@ -67,6 +67,8 @@ def run(
 
     if resume:
         cfg = RunDir(out).read_config()
+        if cfg.method != method:
+            raise UserError(f"{out} holds a {cfg.method} run, not {method}; name {cfg.method} to resume it.")
         cfg = replace(cfg, rounds=rounds or cfg.rounds)
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}

@@ -62,15 +62,17 @@ def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch:
 
 
 def _sgd(params: State, grads: State, momentum: State | None, phase: Phase) -> None:
-    """torch.optim.SGD's update, in place, on (stacked) tensors."""
-    for k, p in params.items():
-        d = grads[k]
-        if phase.weight_decay:
-            d = d + phase.weight_decay * p
-        if momentum is not None:
-            momentum[k].mul_(phase.momentum).add_(d)
-            d = momentum[k]
-        p.sub_(phase.lr * d)
+    """torch.optim.SGD's update, in place and fused over all tensors (as its foreach path does)."""
+    p = list(params.values())
+    d = [grads[k] for k in params]
+    if phase.weight_decay:
+        d = torch._foreach_add(d, p, alpha=phase.weight_decay)
+    if momentum is not None:
+        buf = [momentum[k] for k in params]
+        torch._foreach_mul_(buf, phase.momentum)
+        torch._foreach_add_(buf, d)
+        d = buf
+    torch._foreach_add_(p, d, alpha=-phase.lr)
 
 
 class Executor:

@@ -25,6 +25,7 @@ class Backbone(nn.Module):
 
 
 def _flat_size(layers: nn.Module, input_shape: tuple[int, ...], name: str) -> int:
+    layers.eval()  # a dry run must not touch BatchNorm statistics
     try:
         with torch.no_grad():
             return int(layers(torch.zeros(1, *input_shape)).flatten(1).shape[1])
@@ -32,6 +33,8 @@ def _flat_size(layers: nn.Module, input_shape: tuple[int, ...], name: str) -> in
         raise UserError(
             f"Backbone {name} cannot take inputs of shape {tuple(input_shape)} (its convolutions shrink them to nothing); choose backbone=mlp for small images."
         ) from None
+    finally:
+        layers.train()
 
 
 def _image_shape(input_shape, name):

@@ -104,7 +104,7 @@ def _download(fn: Callable[[], object], name: str) -> None:
 
 def load_fmnist(data_dir: Path | None, download: bool) -> Dataset:
     root = data_dir or DEFAULT_ROOT
-    folders = [root, root / "FashionMNIST" / "raw", DEBIAN_FMNIST]
+    folders = [root, root / "FashionMNIST" / "raw"] + ([] if data_dir else [DEBIAN_FMNIST])
     if download and not any(_idx_pair(f, "", "train") for f in folders):
         import torchvision
 

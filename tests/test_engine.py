@@ -1,0 +1,118 @@
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from algorithms import METHODS
+from tuner.config import RunConfig
+from tuner.data.datasets import DEBIAN_FMNIST
+from tuner.engine import batch_schedule, sample_cohort
+from tuner.run import build_simulation
+
+
+def digits(method, **kw):
+    base = dict(method=method, dataset="digits", partition="dir:0.3", clients=6, lr=0.05, join_ratio="0.5-1", val_frac=0.2)
+    return RunConfig(**{**base, **kw})
+
+
+def run_rounds(cfg, rounds):
+    sim = build_simulation(cfg)
+    rows = [sim.step() for _ in range(rounds)]
+    return sim, rows
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_vectorized_equals_sequential(method):
+    seq, seq_rows = run_rounds(digits(method, executor="sequential"), 3)
+    vec, vec_rows = run_rounds(digits(method, executor="vectorized"), 3)
+    for k in seq.clients:
+        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-4, atol=1e-5)
+    for k in seq.server:
+        torch.testing.assert_close(vec.server[k], seq.server[k], rtol=1e-4, atol=1e-5)
+    for a, b in zip(seq_rows, vec_rows):
+        assert a["clients"] == b["clients"]
+        for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+
+
+def assert_same_clients(a, b):
+    for k in a.clients:
+        torch.testing.assert_close(b.clients[k], a.clients[k], rtol=1e-3, atol=1e-4)
+
+
+def test_batchnorm_statistics_stay_per_client_under_both_executors():
+    # Three steps per client: over more, a ResNet on 8x8 inputs (1x1 maps, BatchNorm over 10 values)
+    # amplifies float rounding chaotically, though single gradients agree to 1e-6.
+    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
+    seq, _ = run_rounds(digits("fedper", executor="sequential", **cfg), 1)
+    vec, _ = run_rounds(digits("fedper", executor="vectorized", **cfg), 1)
+    assert_same_clients(seq, vec)
+    stats = [k for k in seq.clients if k.endswith("running_mean")]
+    assert stats and "body.bn1.running_mean" not in seq.server  # statistics are never aggregated
+    means = seq.clients[stats[0]]
+    trained = [i for i in range(12) if means[i].abs().sum() > 0]  # statistics move only where a client trained
+    assert len(trained) == 3 and not torch.equal(means[trained[0]], means[trained[1]])
+
+
+@pytest.mark.skipif(not DEBIAN_FMNIST.exists(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_vectorized_equals_sequential_with_cnn4_on_fmnist():
+    cfg = dict(dataset="fmnist", partition="pac:20", clients=5, pac_train=60, pac_test=30, backbone="cnn4", lr=0.01, val_frac=0.0)
+    seq, _ = run_rounds(digits("fedavg", executor="sequential", **cfg), 2)
+    vec, _ = run_rounds(digits("fedavg", executor="vectorized", **cfg), 2)
+    assert_same_clients(seq, vec)
+
+
+def test_randomness_is_a_function_of_seed_round_and_client():
+    assert sample_cohort(0, 5, 20, (0.5, 0.5)) == sample_cohort(0, 5, 20, (0.5, 0.5))
+    assert len(sample_cohort(0, 5, 20, (0.5, 0.5))) == 10
+    sizes = {len(sample_cohort(0, r, 20, (0.5, 1.0))) for r in range(30)}
+    assert min(sizes) >= 10 and max(sizes) <= 20 and len(sizes) > 3
+    s = batch_schedule(0, 1, 0, 3, n=47, batch=10, epochs=2)
+    assert s.shape == (8, 10)  # the partial batch is dropped each epoch
+    assert sorted(s[:4].flatten().tolist()) == sorted(set(s[:4].flatten().tolist()))
+    assert not torch.equal(s, batch_schedule(0, 2, 0, 3, n=47, batch=10, epochs=2))
+
+
+def tuner(*args):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_exact_resume_in_a_new_process(tmp_path):
+    common = ["fedrep", "--dataset", "digits", "--partition", "pat:2", "--clients", "5", "--set", "join_ratio=0.6-1", "--set", "checkpoint_every=1"]
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    assert tuner("run", *common, "--rounds", "4", "--out", str(straight)).returncode == 0
+    assert tuner("run", *common, "--rounds", "2", "--out", str(halves)).returncode == 0
+    resumed = tuner("run", "fedrep", "--resume", "--rounds", "4", "--out", str(halves))
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = pd.read_parquet(straight / "metrics.parquet"), pd.read_parquet(halves / "metrics.parquet")
+    assert list(b["round"]) == [1, 2, 3, 4]
+    pd.testing.assert_frame_equal(a.drop(columns="time_s"), b.drop(columns="time_s"))
+    sa, sb = torch.load(straight / "checkpoint.pt"), torch.load(halves / "checkpoint.pt")
+    for k in sa["clients"]:
+        assert torch.equal(sa["clients"][k], sb["clients"][k]), k
+
+
+def test_fedavg_learns_on_digits():
+    _, rows = run_rounds(RunConfig(method="fedavg", dataset="digits", partition="iid", clients=5, lr=0.05), 5)
+    assert rows[-1]["acc"] > 0.6  # chance is 0.1
+    assert rows[-1]["best_acc"] == max(r["acc"] for r in rows)
+
+
+def test_fedper_beats_fedavg_on_pathological_digits():
+    cfg = dict(dataset="digits", partition="pat:2", clients=10, lr=0.05)
+    _, fedavg = run_rounds(RunConfig(method="fedavg", **cfg), 5)
+    _, fedper = run_rounds(RunConfig(method="fedper", **cfg), 5)
+    assert fedper[-1]["best_acc"] > fedavg[-1]["best_acc"] + 0.1
+    assert fedper[-1]["best_acc"] > 0.8
+
+
+def test_fedavg_ft_fine_tunes_copies_only():
+    sim = build_simulation(RunConfig(method="fedavg_ft", dataset="digits", partition="pat:2", clients=4, lr=0.05))
+    sim.step()
+    before = {k: v.clone() for k, v in sim.clients.items()}
+    sim.evaluate()
+    assert all(torch.equal(before[k], sim.clients[k]) for k in before)
+    for k in sim.server:  # every client holds the global model; fine-tuning never touches it
+        assert torch.equal(sim.clients[k][0], sim.server[k])

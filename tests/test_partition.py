@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+
+from tuner.data import partition as P
+from tuner.data.partition import PartitionSpec, parse_partition, partition
+from tuner.errors import UserError
+
+LABELS = np.repeat(np.arange(10), 3000)  # 10 classes x 3000 samples
+
+
+def spec(kind, value, clients=20, **kw):
+    return PartitionSpec(kind=kind, value=value, clients=clients, seed=1, **kw)
+
+
+def all_indices(p):
+    return np.concatenate(p.train + p.test + p.val)
+
+
+def class_counts(idx):
+    return np.bincount(LABELS[idx], minlength=10)
+
+
+def test_no_sample_is_used_twice_and_splits_are_75_25():
+    for s in (spec("iid", None), spec("pat", 2), spec("dir", 0.1), spec("pac", 20, pac_train=300, pac_test=100)):
+        p = partition(LABELS, 10, s)
+        idx = all_indices(p)
+        assert len(idx) == len(np.unique(idx)), s.kind
+    p = partition(LABELS, 10, spec("dir", 0.5))
+    for tr, te in zip(p.train, p.test):
+        n = len(tr) + len(te)
+        assert len(tr) == int(round(0.75 * n))
+
+
+def test_validation_is_carved_from_train():
+    p = partition(LABELS, 10, spec("iid", None, val_frac=0.2))
+    for tr, va, te in zip(p.train, p.val, p.test):
+        assert len(va) == int(round(0.2 * (len(tr) + len(va))))
+        assert len(te) == 375  # 1500 per client, 25 %
+
+
+def test_pathological_gives_exactly_n_classes_per_client():
+    for n in (1, 2, 3):
+        p = partition(LABELS, 10, spec("pat", n))
+        for tr, te in zip(p.train, p.test):
+            assert (class_counts(np.concatenate([tr, te])) > 0).sum() == n
+    balanced = partition(LABELS, 10, spec("pat", 2, balance=True))
+    sizes = [len(a) + len(b) for a, b in zip(balanced.train, balanced.test)]
+    assert max(sizes) - min(sizes) <= 2
+    unbalanced = partition(LABELS, 10, spec("pat", 2))
+    sizes = [len(a) + len(b) for a, b in zip(unbalanced.train, unbalanced.test)]
+    assert max(sizes) > 1.5 * min(sizes)
+
+
+def test_dirichlet_concentration_controls_skew():
+    def top_share(beta):
+        p = partition(LABELS, 10, spec("dir", beta, clients=10))
+        shares = [class_counts(np.concatenate([a, b])).max() / (len(a) + len(b)) for a, b in zip(p.train, p.test)]
+        return np.mean(shares)
+
+    assert top_share(0.1) > 0.5  # a few classes dominate each client
+    assert top_share(100.0) < 0.2  # close to uniform (0.1)
+    p = partition(LABELS, 10, spec("dir", 0.1, min_samples=150))
+    assert min(len(a) + len(b) for a, b in zip(p.train, p.test)) >= 150
+
+
+def test_pac_groups_dominant_classes_and_fixed_sizes():
+    p = partition(LABELS, 10, spec("pac", 20, pac_train=300, pac_test=200))
+    dominant = P.pac_dominant_classes(10, 5, None)
+    assert dominant[0] == [0, 1, 2] and dominant[4] == [8, 9, 0]
+    shares = []
+    for i, (tr, te) in enumerate(zip(p.train, p.test)):
+        assert len(tr) == 300 and len(te) == 200
+        assert p.group[i] == i % 5
+        counts = class_counts(tr)
+        shares.append(counts[dominant[i % 5]].sum() / 300)
+        # test follows the same distribution: its dominant share is close to the train one
+        assert abs(class_counts(te)[dominant[i % 5]].sum() / 200 - shares[-1]) < 0.12
+    # 80 % from the three dominant classes plus their part of the 20 % uniform: 0.8 + 0.2 * 3/10
+    assert abs(np.mean(shares) - 0.86) < 0.02
+
+
+def test_impossible_requests_are_refused():
+    with pytest.raises(UserError, match="classes per client"):
+        partition(LABELS, 10, spec("pat", 11))
+    with pytest.raises(UserError, match="fewer clients"):
+        partition(LABELS[:500], 10, spec("dir", 0.1, clients=20, min_samples=40))
+    with pytest.raises(UserError, match="runs out of class"):
+        partition(LABELS, 10, spec("pac", 20, clients=100, pac_train=600, pac_test=600))
+    for bad in ("dir", "dir:-1", "pat:1.5", "pac:120", "zipf:2"):
+        with pytest.raises(UserError, match="not understood"):
+            parse_partition(bad)
+
+
+def test_partitions_are_seeded_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "CACHE_ROOT", tmp_path)
+    a = partition(LABELS, 10, spec("dir", 0.3), dataset="synthetic")
+    assert len(list(tmp_path.glob("synthetic-dir-*.npz"))) == 1
+    b = partition(LABELS, 10, spec("dir", 0.3), dataset="synthetic")  # from the cache
+    c = partition(LABELS, 10, spec("dir", 0.3))  # recomputed with the same seed
+    for x, y, z in zip(a.train, b.train, c.train):
+        assert np.array_equal(x, y) and np.array_equal(x, z)
+    partition(LABELS, 10, spec("dir", 0.3, train_frac=0.8), dataset="synthetic")
+    assert len(list(tmp_path.glob("synthetic-dir-*.npz"))) == 2  # every shaping setting is in the key
