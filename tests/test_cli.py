@@ -1,0 +1,110 @@
+"""The CLI end to end, and every user mistake: one sentence, a non-zero exit, no traceback."""
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+runner = CliRunner()
+DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4"]
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_run_writes_metrics_and_a_rerunnable_config(tmp_path):
+    res = invoke("run", "fedprox", *DIGITS, "--rounds", "3", "--out", str(tmp_path), "--set", "mu=0.1", "--set", "lr=0.05", "--set", "val_frac=0.2")
+    assert res.exit_code == 0, res.output
+    assert "best accuracy" in res.output
+    m = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert list(m["round"]) == [1, 2, 3]
+    for col in ("acc", "best_acc", "train_loss", "time_s", "val_acc", "acc_std", "acc_cv", "acc_client_mean"):
+        assert col in m and m[col].notna().all(), col
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert cfg["method"] == "fedprox" and cfg["hparams"] == {"mu": 0.1} and cfg["lr"] == 0.05 and cfg["backbone"] == "mlp"
+    rerun = invoke("run", "fedprox", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "again"))
+    assert rerun.exit_code == 0, rerun.output
+    again = pd.read_parquet(tmp_path / "again" / "metrics.parquet")
+    pd.testing.assert_series_equal(m["acc"], again["acc"])
+
+
+def test_eval_gap_and_join_range(tmp_path):
+    res = invoke("run", "fedavg", *DIGITS, "--rounds", "4", "--out", str(tmp_path), "--set", "eval_gap=2", "--set", "join_ratio=0.5-1")
+    assert res.exit_code == 0, res.output
+    m = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert m["acc"].isna().tolist() == [True, False, True, False]
+    assert m["clients"].between(2, 4).all()
+
+
+def test_help_explains_every_option():
+    res = invoke("run", "--help")
+    assert res.exit_code == 0
+    for option in ("--dataset", "--partition", "--clients", "--rounds", "--out", "--set", "--config", "--resume"):
+        assert option in res.output
+
+
+BAD = [
+    (["run", "fedmagic", *DIGITS], "Unknown method 'fedmagic'"),
+    (["run", "fedavg", "--dataset", "imagenet"], "Unknown dataset 'imagenet'"),
+    (["run", "fedavg", *DIGITS, "--set", "lamda=1"], "'lamda' is not a setting of fedavg"),
+    (["run", "fedavg", *DIGITS, "--set", "lr=fast"], "lr must be a float"),
+    (["run", "fedavg", *DIGITS, "--set", "join_ratio=2"], "join_ratio '2'"),
+    (["run", "fedavg", "--dataset", "digits", "--partition", "pat:11"], "11 classes per client"),
+    (["run", "fedavg", "--dataset", "digits", "--partition", "dir:0.1", "--clients", "60"], "fewer clients"),
+    (["run", "fedavg", "--dataset", "digits", "--partition", "dirichlet"], "not understood"),
+    (["run", "fedavg", "--dataset", "digits", "--set", "backbone=cnn4"], "backbone=mlp"),
+    (["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], "/nonexistent"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[m for _, m in BAD])
+def test_user_mistakes_end_with_one_sentence(args, message, tmp_path):
+    res = invoke(*args, "--out", str(tmp_path), "--rounds", "1")
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+    assert "Traceback" not in res.output
+
+
+def test_bad_yaml_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dataset: digits\nrounds: [1,\n")
+    res = invoke("run", "fedavg", "--config", str(bad), "--out", str(tmp_path))
+    assert res.exit_code == 2 and "bad.yaml is not valid YAML at line" in " ".join(res.output.split())
+
+
+def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
+    from tuner.engine import VectorizedExecutor
+
+    train, calls = VectorizedExecutor.train, []
+
+    def diverge_in_round_3(self, *args):
+        calls.append(1)
+        losses = train(self, *args)
+        return losses * float("nan") if len(calls) == 3 else losses
+
+    monkeypatch.setattr(VectorizedExecutor, "train", diverge_in_round_3)
+    res = invoke("run", "fedavg", *DIGITS, "--rounds", "5", "--out", str(tmp_path))
+    assert res.exit_code == 3, res.output
+    assert "diverged in round 3" in res.output and "lower the learning rate" in res.output
+    assert list(pd.read_parquet(tmp_path / "metrics.parquet")["round"]) == [1, 2]
+    real = invoke("run", "fedavg", *DIGITS, "--rounds", "2", "--out", str(tmp_path / "real"), "--set", "lr=1e6")
+    assert real.exit_code == 3 and "diverged" in real.output
+
+
+def test_resume_refuses_another_method(tmp_path):
+    assert invoke("run", "fedavg", *DIGITS, "--rounds", "1", "--out", str(tmp_path)).exit_code == 0
+    res = invoke("run", "fedper", "--resume", "--out", str(tmp_path), "--rounds", "2")
+    assert res.exit_code == 2 and "holds a fedavg run" in res.output
+    res = invoke("run", "fedavg", "--resume", "--out", str(tmp_path / "nothing"))
+    assert res.exit_code == 2 and "no config.yaml" in res.output
+
+
+def test_data_show_draws_the_partition(tmp_path):
+    png = tmp_path / "p.png"
+    res = invoke("data", "show", "--dataset", "digits", "--partition", "pat:2", "--clients", "5", "--out", str(png))
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "classes" in res.output and "top class" in res.output
