@@ -116,3 +116,25 @@ def test_fedavg_ft_fine_tunes_copies_only():
     assert all(torch.equal(before[k], sim.clients[k]) for k in before)
     for k in sim.server:  # every client holds the global model; fine-tuning never touches it
         assert torch.equal(sim.clients[k][0], sim.server[k])
+
+
+def test_out_of_memory_halves_the_chunk_and_runs_every_client_once():
+    sim = build_simulation(digits("fedavg", clients=7))
+    executor = sim.executor
+    done = []
+
+    def run_chunk(part):
+        if len(part) > 2:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        done.extend(part)
+
+    executor._chunked(7, run_chunk)
+    assert done == list(range(7)) and executor.settings.cohort_chunk == 2
+
+
+def test_chunked_cohorts_equal_the_sequential_reference():
+    seq, seq_rows = run_rounds(digits("fedrep", executor="sequential", clients=7), 2)
+    vec, vec_rows = run_rounds(digits("fedrep", executor="vectorized", clients=7, cohort_chunk=3), 2)
+    for k in seq.clients:
+        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-4, atol=1e-5)
+    assert vec_rows[-1]["acc"] == pytest.approx(seq_rows[-1]["acc"])

@@ -159,9 +159,24 @@ class SequentialExecutor(Executor):
 class VectorizedExecutor(Executor):
     """The whole cohort at once: stacked states, one vmapped step per batch index."""
 
-    def _chunks(self, n: int) -> list[slice]:
-        size = self.settings.cohort_chunk or n
-        return [slice(a, min(a + size, n)) for a in range(0, n, size)]
+    def _chunked(self, n: int, run_chunk) -> None:
+        """Run run_chunk over consecutive ranges of clients; on CUDA out-of-memory, halve the range and retry.
+
+        run_chunk writes its results only once it has finished, so a failed attempt leaves no trace.
+        """
+        start = 0
+        while start < n:
+            size = self.settings.cohort_chunk or n
+            part = range(start, min(start + size, n))
+            try:
+                run_chunk(part)
+            except torch.cuda.OutOfMemoryError:
+                if size == 1:
+                    raise
+                self.settings.cohort_chunk = max(1, size // 2)  # kept for the rest of the run
+                torch.cuda.empty_cache()
+                continue
+            start = part.stop
 
     def broadcast(self, server: State, clients: State, ids: list[int]) -> State:
         sub = {k: v[ids] for k, v in clients.items()}
@@ -180,14 +195,14 @@ class VectorizedExecutor(Executor):
             step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0))
             keys = self._trainable(phase, cohort)
             scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
-            for chunk in self._chunks(len(ids)):
+
+            def run_chunk(part: range) -> None:
                 # Most steps first: at step s the active clients are a prefix of the stack.
-                order = sorted(range(chunk.start, chunk.stop), key=lambda j: -len(scheds[j]))
+                order = sorted(part, key=lambda j: -len(scheds[j]))
                 n_steps = [len(scheds[j]) for j in order]
-                if not n_steps or n_steps[0] == 0:
-                    continue
-                width = self.settings.batch_size
-                index = torch.zeros(len(order), n_steps[0], width, dtype=torch.long)
+                if n_steps[0] == 0:
+                    return
+                index = torch.zeros(len(order), n_steps[0], self.settings.batch_size, dtype=torch.long)
                 for r, j in enumerate(order):
                     index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
                 index = index.to(device)
@@ -207,30 +222,38 @@ class VectorizedExecutor(Executor):
                     cohort[k][order_t] = v
                 losses[order_t] += chunk_loss
                 steps[order_t] += torch.tensor(n_steps, dtype=steps.dtype, device=device)
+
+            self._chunked(len(ids), run_chunk)
         return (losses / steps.clamp(min=1)).cpu()
 
     @torch.no_grad()
     def evaluate(self, clients: State, server: State, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
         self.method.net.module.eval()
-        n = len(split.counts)
         device = split.y.device
-        correct = torch.zeros(n, device=device)
-        loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
+        correct = torch.zeros(len(split.counts), device=device)
+        loss_sum = torch.zeros(len(split.counts), dtype=torch.float64, device=device)
         predict = vmap(self.method.logits, in_dims=(0, None, 0))
         eb = self.settings.eval_batch
-        for chunk in self._chunks(n):
-            ids = sorted(range(chunk.start, chunk.stop), key=lambda i: -split.counts[i])
+
+        def run_chunk(part: range) -> None:
+            ids = sorted(part, key=lambda i: -split.counts[i])
             ids_t = torch.tensor(ids, device=device)
             state = {k: v[ids_t] for k, v in clients.items()}
+            hits = torch.zeros(len(ids), device=device)
+            ce_sum = torch.zeros(len(ids), dtype=torch.float64, device=device)
             for start in range(0, split.counts[ids[0]], eb):
                 a = sum(1 for i in ids if split.counts[i] > start)
                 index, mask = split.padded_index(ids[:a], start, eb)
                 index, mask = index.to(device), mask.to(device)
                 out = predict({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]))
                 y = split.y[index]
-                correct[ids_t[:a]] += ((out.argmax(-1) == y) & mask).sum(1).float()
+                hits[:a] += ((out.argmax(-1) == y) & mask).sum(1).float()
                 ce = torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
-                loss_sum[ids_t[:a]] += (ce * mask).sum(1).double()
+                ce_sum[:a] += (ce * mask).sum(1).double()
+            correct[ids_t] = hits
+            loss_sum[ids_t] = ce_sum
+
+        self._chunked(len(split.counts), run_chunk)
         return correct.cpu(), loss_sum.cpu()
 
 
