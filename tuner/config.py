@@ -101,7 +101,7 @@ class RunConfig:
 RUN_FIELDS = {f.name: f for f in fields(RunConfig) if f.name != "hparams"}
 
 
-def _coerce(name: str, value: Any, default: Any, type_name: str) -> Any:
+def _coerce(name: str, value: Any, type_name: str) -> Any:
     """Turn a YAML or command-line value into the setting's type."""
     if value is None:
         if "None" in type_name:
@@ -138,9 +138,9 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     for name, value in settings.items():
         if name in RUN_FIELDS:
             f = RUN_FIELDS[name]
-            updates[name] = _coerce(name, value, f.default, str(f.type))
+            updates[name] = _coerce(name, value, str(f.type))
         elif name in hp_fields:
-            hp[name] = _coerce(name, value, hp_fields[name].default, str(hp_fields[name].type))
+            hp[name] = _coerce(name, value, str(hp_fields[name].type))
         else:
             allowed = ", ".join(list(RUN_FIELDS) + hparam_names(METHODS[cfg.method]))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")

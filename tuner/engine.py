@@ -28,6 +28,7 @@ from tuner.data.federated import FederatedData, Split
 from tuner.errors import DivergedError
 
 EXECUTORS = ("vectorized", "sequential")
+FINE_TUNE_STREAM = 1000  # batch-order stream of evaluation-time fine-tuning, apart from training's phases
 
 
 @dataclass
@@ -305,7 +306,7 @@ class Simulation:
         if self.method.eval_phases():  # fine-tune copies of every client first
             clients = {k: v.clone() for k, v in clients.items()}
             ids = list(range(self.data.num_clients))
-            self.executor.train(self.method.eval_phases(), clients, ids, self.server, self.round, 1000)
+            self.executor.train(self.method.eval_phases(), clients, ids, self.server, self.round, FINE_TUNE_STREAM)
         test = split_metrics(*self.executor.evaluate(clients, self.server, self.data.test), self.data.test.counts)
         row = {k: test[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": test["loss"]}
         if self.data.val is not None:
