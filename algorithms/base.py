@@ -1,18 +1,21 @@
 """The method interface: a pFL method is a handful of pure functions of tensor dicts.
 
 A client's state and the server's state are flat dicts of tensors ("body.0.weight",
-"head.weight", plus whatever a method adds). The engine, written once, runs every method:
+"head.weight", plus whatever a method adds). The engine, written once, runs every method.
+Per-client functions take the client's state first and the server's state second:
 
-    broadcast(server, client) -> client      what a client takes from the server each round
-    phases()                  -> [Phase]     local training: which tensors, how long, which loss
-    loss(state, server, x, y) -> scalar      the local objective of one minibatch
-    upload(client)            -> dict        what a client sends
-    aggregate(server, uploads, weights) -> server
-    logits(state, server, x)  -> logits      how a client predicts (its personalized model)
+    broadcast(client, server, index) -> client   what client `index` takes from the server each round
+    begin_local(client, server, stats) -> client before local training (stats: see `statistics`)
+    phases()                      -> [Phase]     local training: which tensors, how long, which loss
+    loss(state, server, x, y)     -> scalar      the local objective of one minibatch
+    end_local(client, server, stats) -> client   after local training
+    upload(client, server)        -> dict        what a client sends
+    aggregate(server, uploads, weights, ids) -> server   (uploads stacked over the cohort `ids`)
+    logits(state, server, x)      -> logits      how a client predicts (its personalized model)
 
-Every function sees one client; the engine maps it over a cohort one client at a time
-(sequential) or all at once with torch.func.vmap (vectorized), so a method must not branch
-on tensor values or mutate its inputs. This package depends on torch only.
+The engine maps each per-client function over a cohort one client at a time (sequential) or
+all at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or
+mutate its inputs. This package depends on torch only.
 """
 
 from __future__ import annotations
@@ -73,11 +76,12 @@ class Phase:
 
 @dataclass
 class Training:
-    """The engine's local-training settings a method builds its phases from."""
+    """The run's settings a method builds on."""
 
     lr: float
     local_epochs: int
     batch_size: int
+    num_classes: int
 
 
 @dataclass
@@ -92,22 +96,38 @@ class Method:
     title: ClassVar[str]  # how the papers' tables name it
     Hparams: ClassVar[type] = NoHparams
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
+    stats_before: ClassVar[bool] = False  # run `statistics` over the client's training data before local training
+    stats_after: ClassVar[bool] = False  # ... and after it
 
     def __init__(self, net: Net, training: Training, hp=None):
         self.net = net
         self.training = training
         self.hp = hp if hp is not None else self.Hparams()
 
+    @property
+    def uploads(self) -> bool:
+        return bool(self.shared)
+
     # --- what clients and the server hold
     def init_client(self, model: State) -> State:
         return {k: v.clone() for k, v in model.items()}
 
-    def init_server(self, model: State) -> State:
+    def init_server(self, model: State, num_clients: int) -> State:
         return {k: model[k].clone() for k in self.net.keys(self.shared)}
 
     # --- one round
-    def broadcast(self, server: State, client: State) -> State:
-        return {**client, **server}
+    def broadcast(self, client: State, server: State, index: torch.Tensor) -> State:
+        return {**client, **{k: server[k] for k in self.net.keys(self.shared)}}
+
+    def statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
+        """Sums over one batch (w: 1 for real samples, 0 for padding); the engine adds up the batches."""
+        raise NotImplementedError(f"{type(self).__name__} asks for statistics but defines none")
+
+    def begin_local(self, client: State, server: State, stats: State) -> State:
+        return client
+
+    def end_local(self, client: State, server: State, stats: State) -> State:
+        return client
 
     def phases(self) -> list[Phase]:
         return [Phase(("body.", "head."), self.training.local_epochs, self.training.lr)]
@@ -115,13 +135,12 @@ class Method:
     def loss(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.logits(state, server, x), y)
 
-    def upload(self, client: State) -> State:
+    def upload(self, client: State, server: State) -> State:
         return {k: client[k] for k in self.net.keys(self.shared)}
 
-    def aggregate(self, server: State, uploads: State, weights: torch.Tensor) -> State:
+    def aggregate(self, server: State, uploads: State, weights: torch.Tensor, ids: torch.Tensor) -> State:
         """Sample-weighted mean over the cohort; uploads are stacked along dim 0."""
-        w = weights / weights.sum()
-        return {**server, **{k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in uploads.items()}}
+        return {**server, **weighted_mean(uploads, weights)}
 
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
@@ -130,6 +149,21 @@ class Method:
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""
         return []
+
+
+def weighted_mean(stacked: State, weights: torch.Tensor) -> State:
+    w = weights / weights.sum()
+    return {k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in stacked.items()}
+
+
+def substate(state: State, prefix: str) -> State:
+    """The tensors under `prefix`, with the prefix removed: what functional_call wants for a submodule."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def prefixed(module: nn.Module, prefix: str) -> State:
+    """A module's initial parameters and buffers under `prefix`."""
+    return {prefix + k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
 
 
 def hparam_names(method_cls: type[Method]) -> list[str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.func import grad_and_value, vmap
 
 from algorithms.base import Method, Phase, State
@@ -76,7 +77,18 @@ def _sgd(params: State, grads: State, momentum: State | None, phase: Phase) -> N
     torch._foreach_add_(p, d, alpha=-phase.lr)
 
 
+def _row(x, i):
+    """Client i's slice of a stacked tensor or dict of them."""
+    return {k: v[i] for k, v in x.items()} if isinstance(x, dict) else x[i]
+
+
+def _stack(rows: list[State]) -> State:
+    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]} if rows and rows[0] else {}
+
+
 class Executor:
+    """Runs the method's per-client functions over a cohort whose states are stacked along dim 0."""
+
     def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
         self.method = method
         self.data = data
@@ -99,22 +111,14 @@ class Executor:
         stats = set(self.method.net.buffer_keys)
         return [k for k, v in state.items() if k.startswith(phase.trains) and k not in stats and v.is_floating_point()]
 
-    def upload(self, clients: State) -> State:
-        first = self.method.upload({k: v[0] for k, v in clients.items()})
-        return self._upload(clients) if first else {}
-
 
 class SequentialExecutor(Executor):
     """The reference: one client at a time, no vmap."""
 
-    def broadcast(self, server: State, clients: State, ids: list[int]) -> State:
-        outs = [self.method.broadcast(server, {k: v[i] for k, v in clients.items()}) for i in ids]
-        return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
-
-    def _upload(self, clients: State) -> State:
-        n = next(iter(clients.values())).shape[0]
-        outs = [self.method.upload({k: v[j] for k, v in clients.items()}) for j in range(n)]
-        return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+    def map(self, fn, states: State, server: State, *args) -> State:
+        """fn(state_i, server, *args_i) for every client of the stack, restacked."""
+        n = next(iter(states.values())).shape[0]
+        return _stack([fn(_row(states, i), server, *[_row(a, i) for a in args]) for i in range(n)])
 
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
         """Train the stacked cohort states in place; returns each client's mean minibatch loss."""
@@ -141,20 +145,23 @@ class SequentialExecutor(Executor):
         return losses / steps.clamp(min=1)
 
     @torch.no_grad()
-    def evaluate(self, clients: State, server: State, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-client (correct, loss sum) on a split, with each client's personalized model."""
+    def sweep(self, fn, states: State, server: State, split: Split, ids: list[int]) -> State:
+        """Sum fn(state, server, x, y, w) over each client's samples of a split, in batches."""
         self.method.net.module.eval()
-        n = len(split.counts)
-        correct, loss_sum = torch.zeros(n), torch.zeros(n, dtype=torch.float64)
-        for i in range(n):
-            state = {k: v[i] for k, v in clients.items()}
+        out = []
+        for j, i in enumerate(ids):
+            state = _row(states, j)
             x, y = split.client(i)
+            w = torch.ones(len(y), device=y.device)
+            if not len(y):  # a client without samples: one dummy sample of weight 0 gives zero sums of the right shapes
+                x, y, w = split.x[:1], split.y[:1], torch.zeros(1, device=y.device)
+            total: State = {}
             for a in range(0, len(y), self.settings.eval_batch):
-                out = self.method.logits(state, server, self.data.decode(x[a : a + self.settings.eval_batch]))
-                yb = y[a : a + self.settings.eval_batch]
-                correct[i] += (out.argmax(1) == yb).sum().item()
-                loss_sum[i] += torch.nn.functional.cross_entropy(out, yb, reduction="sum").item()
-        return correct, loss_sum
+                b = a + self.settings.eval_batch
+                part = fn(state, server, self.data.decode(x[a:b]), y[a:b], w[a:b])
+                total = {k: total[k] + v for k, v in part.items()} if total else part
+            out.append(total)
+        return _stack(out)
 
 
 class VectorizedExecutor(Executor):
@@ -179,12 +186,8 @@ class VectorizedExecutor(Executor):
                 continue
             start = part.stop
 
-    def broadcast(self, server: State, clients: State, ids: list[int]) -> State:
-        sub = {k: v[ids] for k, v in clients.items()}
-        return vmap(self.method.broadcast, in_dims=(None, 0))(server, sub)
-
-    def _upload(self, clients: State) -> State:
-        return vmap(self.method.upload)(clients)
+    def map(self, fn, states: State, server: State, *args) -> State:
+        return vmap(fn, in_dims=(0, None, *[0] * len(args)))(states, server, *args)
 
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
         train, decode = self.data.train, self.data.decode
@@ -228,34 +231,34 @@ class VectorizedExecutor(Executor):
         return (losses / steps.clamp(min=1)).cpu()
 
     @torch.no_grad()
-    def evaluate(self, clients: State, server: State, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+    def sweep(self, fn, states: State, server: State, split: Split, ids: list[int]) -> State:
+        """Sum fn(state, server, x, y, w) over each client's samples; padded samples carry w = 0."""
         self.method.net.module.eval()
         device = split.y.device
-        correct = torch.zeros(len(split.counts), device=device)
-        loss_sum = torch.zeros(len(split.counts), dtype=torch.float64, device=device)
-        predict = vmap(self.method.logits, in_dims=(0, None, 0))
+        mapped = vmap(fn, in_dims=(0, None, 0, 0, 0))
         eb = self.settings.eval_batch
+        results: dict[int, State] = {}
 
         def run_chunk(part: range) -> None:
-            ids = sorted(part, key=lambda i: -split.counts[i])
-            ids_t = torch.tensor(ids, device=device)
-            state = {k: v[ids_t] for k, v in clients.items()}
-            hits = torch.zeros(len(ids), device=device)
-            ce_sum = torch.zeros(len(ids), dtype=torch.float64, device=device)
-            for start in range(0, split.counts[ids[0]], eb):
-                a = sum(1 for i in ids if split.counts[i] > start)
-                index, mask = split.padded_index(ids[:a], start, eb)
+            rows = sorted(part, key=lambda j: -split.counts[ids[j]])  # longest first: active clients are a prefix
+            rows_t = torch.tensor(rows, device=device)
+            state = {k: v[rows_t] for k, v in states.items()}
+            counts = [split.counts[ids[j]] for j in rows]
+            total: State = {}
+            for start in range(0, max(counts[0], 1), eb):
+                a = max(1, sum(1 for c in counts if c > start))
+                index, mask = split.padded_index([ids[j] for j in rows[:a]], start, eb)
                 index, mask = index.to(device), mask.to(device)
-                out = predict({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]))
-                y = split.y[index]
-                hits[:a] += ((out.argmax(-1) == y) & mask).sum(1).float()
-                ce = torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none").view_as(y)
-                ce_sum[:a] += (ce * mask).sum(1).double()
-            correct[ids_t] = hits
-            loss_sum[ids_t] = ce_sum
+                part_out = mapped({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index], mask.float())
+                if not total:
+                    total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
+                for k, v in part_out.items():
+                    total[k][:a] += v
+            for r, j in enumerate(rows):
+                results[j] = {k: v[r] for k, v in total.items()}
 
-        self._chunked(len(split.counts), run_chunk)
-        return correct.cpu(), loss_sum.cpu()
+        self._chunked(len(ids), run_chunk)
+        return _stack([results[j] for j in range(len(ids))])
 
 
 def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:
@@ -285,9 +288,9 @@ class Simulation:
         self.method, self.data, self.settings = method, data, settings
         self.executor = make_executor(settings.executor, method, data, settings)
         model = method.net.initial_state()
-        self.server = method.init_server(model)
-        client = method.init_client(model)
         n = data.num_clients
+        self.server = method.init_server(model, n)
+        client = method.init_client(model)
         self.clients = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).contiguous() for k, v in client.items()}
         self._broadcast(list(range(n)))
         self.round = 0
@@ -295,45 +298,71 @@ class Simulation:
         self.best_acc = -math.inf
         self.weights = torch.tensor(data.train.counts, dtype=torch.float32)
 
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.clients.values())).device
+
     def _broadcast(self, ids: list[int]) -> None:
-        out = self.executor.broadcast(self.server, self.clients, ids)
-        ids_t = torch.tensor(ids, device=next(iter(self.clients.values())).device)
+        ids_t = torch.tensor(ids, device=self.device)
+        out = self.executor.map(self.method.broadcast, {k: v[ids_t] for k, v in self.clients.items()}, self.server, ids_t)
         for k, v in out.items():
             self.clients[k][ids_t] = v
 
+    def _local_hook(self, hook, needs_stats: bool, cohort: State, ids: list[int]) -> State:
+        """Run begin_local / end_local over the cohort, with a statistics pass first where the method asks."""
+        if needs_stats:
+            stats = self.executor.sweep(self.method.statistics, cohort, self.server, self.data.train, ids)
+        else:
+            stats = {"none": torch.zeros(len(ids), device=self.device)}
+        return {**cohort, **self.executor.map(hook, cohort, self.server, stats)}
+
+    def _accuracy(self, state, server, x, y, w):
+        out = self.method.logits(state, server, x)
+        hits = (out.argmax(-1) == y).to(w.dtype)
+        return {"correct": (hits * w).sum(), "loss": (F.cross_entropy(out, y, reduction="none") * w).sum()}
+
     def evaluate(self) -> dict[str, float]:
         clients = self.clients
+        ids = list(range(self.data.num_clients))
         if self.method.eval_phases():  # fine-tune copies of every client first
             clients = {k: v.clone() for k, v in clients.items()}
-            ids = list(range(self.data.num_clients))
             self.executor.train(self.method.eval_phases(), clients, ids, self.server, self.round, FINE_TUNE_STREAM)
-        test = split_metrics(*self.executor.evaluate(clients, self.server, self.data.test), self.data.test.counts)
-        row = {k: test[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": test["loss"]}
-        if self.data.val is not None:
-            val = split_metrics(*self.executor.evaluate(clients, self.server, self.data.val), self.data.val.counts)
-            row |= {"val_acc": val["acc"], "val_loss": val["loss"]}
+        row = {}
+        for prefix, split in (("", self.data.test), ("val_", self.data.val)):
+            if split is None:
+                continue
+            sums = self.executor.sweep(self._accuracy, clients, self.server, split, ids)
+            m = split_metrics(sums["correct"].cpu(), sums["loss"].cpu().double(), split.counts)
+            if prefix:
+                row |= {"val_acc": m["acc"], "val_loss": m["loss"]}
+            else:
+                row |= {k: m[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": m["loss"]}
         return row
 
     def step(self) -> dict:
         """Run one round and return its metrics row."""
         t0 = time.perf_counter()
         rnd = self.round + 1
-        s = self.settings
+        s, m = self.settings, self.method
         ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio)
-        ids_t = torch.tensor(ids, device=next(iter(self.clients.values())).device)
+        ids_t = torch.tensor(ids, device=self.device)
         cohort = {k: v[ids_t].clone() for k, v in self.clients.items()}
-        client_loss = self.executor.train(self.method.phases(), cohort, ids, self.server, rnd, 0)
+        if m.stats_before or type(m).begin_local is not Method.begin_local:
+            cohort = self._local_hook(m.begin_local, m.stats_before, cohort, ids)
+        client_loss = self.executor.train(m.phases(), cohort, ids, self.server, rnd, 0)
         n = self.weights[ids]
         train_loss = float((client_loss * n.double()).sum() / n.sum())
         if not math.isfinite(train_loss):
             raise DivergedError(
                 f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning rate (lr) and run again."
             )
+        if m.stats_after or type(m).end_local is not Method.end_local:
+            cohort = self._local_hook(m.end_local, m.stats_after, cohort, ids)
         for k, v in cohort.items():
             self.clients[k][ids_t] = v
-        uploads = self.executor.upload(cohort)  # empty for methods that share nothing
+        uploads = self.executor.map(m.upload, cohort, self.server) if m.uploads else {}
         if uploads:
-            self.server = self.method.aggregate(self.server, uploads, n.to(ids_t.device))
+            self.server = m.aggregate(self.server, uploads, n.to(self.device), ids_t)
         self._broadcast(list(range(self.data.num_clients)))
         self.round = rnd
         row = {"round": rnd, "clients": len(ids), "train_loss": train_loss}
@@ -351,9 +380,8 @@ class Simulation:
         return {"round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
-        device = next(iter(self.clients.values())).device
         self.round = state["round"]
-        self.server = {k: v.to(device) for k, v in state["server"].items()}
-        self.clients = {k: v.to(device) for k, v in state["clients"].items()}
+        self.server = {k: v.to(self.device) for k, v in state["server"].items()}
+        self.clients = {k: v.to(self.device) for k, v in state["clients"].items()}
         self.history = list(state["history"])
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)

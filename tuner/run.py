@@ -63,11 +63,12 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     cfg = cfg.resolved()
     device = resolve_device(cfg.device)
     data = data or build_data(cfg, device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)  # the same initial model for every executor and resume
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes).to(device)
     method_cls = METHODS[cfg.method]
-    method = method_cls(Net(backbone), Training(cfg.lr, cfg.local_epochs, cfg.batch_size), method_cls.Hparams(**cfg.hparams))
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes).to(device)
+        method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
     settings = EngineSettings(
         seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,
         executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
