@@ -1,5 +1,10 @@
-"""pFL methods, one module per method; each reads like its paper's algorithm box."""
+"""pFL methods, one module per method; each reads like its paper's algorithm box.
 
+Ablations and variants are the same method with other hyperparameter defaults, registered
+under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, ...).
+"""
+
+from algorithms import fedcp, fedpac, gpfl
 from algorithms.base import Method, Net, Phase, Training
 from algorithms.fedavg import FedAvg
 from algorithms.fedavg_ft import FedAvgFT
@@ -8,6 +13,7 @@ from algorithms.fedprox import FedProx
 from algorithms.fedrep import FedRep
 from algorithms.local import Local
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, Local, FedAvgFT, FedPer, FedRep)}
+_ALL = [FedAvg, FedProx, Local, FedAvgFT, FedPer, FedRep, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
+METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
 __all__ = ["METHODS", "Method", "Net", "Phase", "Training"]

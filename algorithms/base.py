@@ -20,7 +20,7 @@ mutate its inputs. This package depends on torch only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Callable, ClassVar
 
 import torch
@@ -98,11 +98,17 @@ class Method:
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     stats_before: ClassVar[bool] = False  # run `statistics` over the client's training data before local training
     stats_after: ClassVar[bool] = False  # ... and after it
+    run_defaults: ClassVar[dict] = {}  # the paper's own batch_size / local_epochs where they differ from the run's
 
     def __init__(self, net: Net, training: Training, hp=None):
         self.net = net
         self.training = training
         self.hp = hp if hp is not None else self.Hparams()
+
+    @classmethod
+    def validate(cls, hp) -> str | None:
+        """A sentence naming what is wrong with a combination of hyperparameters, or None."""
+        return None
 
     @property
     def uploads(self) -> bool:
@@ -168,3 +174,12 @@ def prefixed(module: nn.Module, prefix: str) -> State:
 
 def hparam_names(method_cls: type[Method]) -> list[str]:
     return [f.name for f in fields(method_cls.Hparams)]
+
+
+def variant(base: type[Method], title: str, **hparams) -> type[Method]:
+    """A named ablation or variant of a method: the same method with other hyperparameter defaults."""
+    known = {f.name for f in fields(base.Hparams)}
+    assert set(hparams) <= known, f"{title}: unknown hyperparameters {set(hparams) - known}"
+    spec = [(f.name, f.type, field(default=hparams.get(f.name, f.default))) for f in fields(base.Hparams)]
+    hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec)
+    return type(title.replace("-", "_"), (base,), {"name": title.lower(), "title": title, "Hparams": hp_cls, "__module__": base.__module__})

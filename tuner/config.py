@@ -32,8 +32,8 @@ class RunConfig:
     seed: int = 0
     backbone: str | None = None  # None: the dataset's default
     lr: float | None = None  # None: the backbone's default from the papers
-    batch_size: int = 10
-    local_epochs: int = 1
+    batch_size: int | None = None  # None: the method's paper (FedPAC 50), else 10
+    local_epochs: int | None = None  # None: the method's paper (FedPAC 5), else 1
     join_ratio: str = "1"  # a fraction, or LO-HI to draw it each round
     eval_gap: int = 1
     train_frac: float = 0.75
@@ -55,7 +55,7 @@ class RunConfig:
 
     def resolved(self) -> "RunConfig":
         """Fill the defaults that depend on other settings, and check every value."""
-        from tuner.models import DEFAULT_BACKBONE, DEFAULT_LR
+        from tuner.models import DEFAULT_BACKBONE
 
         if self.method not in METHODS:
             raise UserError(f"Unknown method '{self.method}'; choose one of {', '.join(METHODS)}.")
@@ -66,6 +66,17 @@ class RunConfig:
             raise UserError(f"Unknown backbone '{backbone}'; choose one of {', '.join(BACKBONES)}.")
         parse_partition(self.partition)
         self.join_range()
+        method = METHODS[self.method]
+        cfg = replace(
+            self,
+            batch_size=self.batch_size if self.batch_size is not None else method.run_defaults.get("batch_size", 10),
+            local_epochs=self.local_epochs if self.local_epochs is not None else method.run_defaults.get("local_epochs", 1),
+        )
+        return cfg._checked(backbone)
+
+    def _checked(self, backbone: str) -> "RunConfig":
+        from tuner.models import DEFAULT_LR
+
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
@@ -80,7 +91,11 @@ class RunConfig:
         lr = self.lr if self.lr is not None else DEFAULT_LR[backbone]
         if lr <= 0:
             raise UserError(f"Setting lr must be positive, not {lr}.")
-        hp = {**asdict(METHODS[self.method].Hparams()), **self.hparams}
+        method = METHODS[self.method]
+        hp = {**asdict(method.Hparams()), **self.hparams}
+        problem = method.validate(method.Hparams(**hp))
+        if problem:
+            raise UserError(problem)
         return replace(self, backbone=backbone, lr=lr, hparams=hp)
 
     def join_range(self) -> tuple[float, float]:

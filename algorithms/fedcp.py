@@ -1,0 +1,146 @@
+"""FedCP (Zhang et al., KDD 2023): a per-sample policy splits features between a global and a personal head.
+
+Client i holds: personal extractor W_i^fe ("body."), personal head W_i^hd ("head."), CPN Θ_i
+("cpn."), and its client-specific vector v_i ("fedcp.v"). Frozen during local training: the
+global extractor W^fe and global head W^hd, as received (the server's "body." and "head.").
+Each round (Algorithm 1): W_i^fe ← W^fe, Θ_i ← Θ; before local training v_i = Σ_c w_c, the column
+sums of W_i^hd, held constant and reused at inference.
+Policy (eqs. 3-4): C_i = (v_i/‖v_i‖)⊙h_i into CPN = Linear(K, 2K) → LayerNorm → ReLU, read as K x 2,
+softmax over each pair: r_i + s_i = 1 elementwise.
+Output (§3.2.2): g(r⊙h; W^hd) + g(s⊙h; W_i^hd).
+Local loss (eq. 8): CE(output, y) + λ·MMD(h_i, f(x; W^fe)), RBF kernel.
+Upload: W_i^fe, (W^hd + W_i^hd)/2 (eq. 6), Θ_i. Server: sample-weighted means (lines 18-21).
+Prediction: the personalized model {W_i^fe, W^hd, W_i^hd, Θ_i}.
+
+Ablations (Table 1): cs=False drops the client-specific vector (C_i = h_i), ss=False the
+sample-specific one (C_i = v_i/‖v_i‖), both: a random frozen vector; gfm=False drops the frozen
+global extractor and MMD; cpn=False feeds h to both heads; cpn=False, gh=False keeps only the
+personal head. gumbel=True follows PFLlib: the policy by Gumbel-softmax (τ = 1), also at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from algorithms.base import Method, Phase, prefixed, substate, variant
+
+MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # RBF bandwidths of the reference implementation
+
+
+@dataclass
+class FedCPHparams:
+    lam: float = 5.0  # λ, weight of the MMD alignment (5 for the CNN, 1 for ResNet-18 and fastText)
+    cs: bool = True  # client-specific vector v_i in the CPN input
+    ss: bool = True  # sample-specific vector h_i in the CPN input
+    gfm: bool = True  # frozen global feature extractor with the MMD loss
+    cpn: bool = True  # conditional policy network
+    gh: bool = True  # frozen global head (only removable together with the CPN)
+    gumbel: bool = False  # PFLlib: Gumbel-softmax policy, also at inference
+
+
+def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Maximum mean discrepancy between two batches of features, a sum of RBF kernels."""
+
+    def kernel(u, v):
+        d = ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1)
+        return sum(torch.exp(-0.5 * d / s) for s in MMD_BANDWIDTHS)
+
+    return kernel(a, a).mean() + kernel(b, b).mean() - 2 * kernel(a, b).mean()
+
+
+class FedCP(Method):
+    name = "fedcp"
+    title = "FedCP"
+    Hparams = FedCPHparams
+    shared = ("body.", "head.", "cpn.")
+
+    @classmethod
+    def validate(cls, hp) -> str | None:
+        if hp.cpn and not hp.gh:
+            return "FedCP cannot keep the CPN without the frozen global head (gh=false needs cpn=false)."
+        return None
+
+    def __init__(self, net, training, hp=None):
+        super().__init__(net, training, hp)
+        k = net.feature_dim
+        device = next(net.module.parameters()).device
+        self.policy_net = nn.Sequential(nn.Linear(k, 2 * k), nn.LayerNorm(2 * k), nn.ReLU()).to(device)
+        self.random_input = torch.randn(k, device=device)  # the CPN input when both vectors are ablated
+        # v_i reduces the head's first weight (C x K, or the first layer of an MLP head) over its rows
+        self.head_weight = next(k for k in net.keys(("head.",)) if k.endswith("weight"))
+
+    def init_client(self, model):
+        state = {**super().init_client(model), **prefixed(self.policy_net, "cpn.")}
+        state["fedcp.v"] = torch.ones(self.net.feature_dim)
+        return {k: v.to(self.random_input.device) for k, v in state.items()}
+
+    def init_server(self, model, num_clients):
+        return {k: v for k, v in self.init_client(model).items() if k.startswith(self.shared)}
+
+    def broadcast(self, client, server, index):
+        # W_i^fe ← W^fe and Θ_i ← Θ; the personal head stays, W^hd is read from the server when needed.
+        return {**client, **{k: v for k, v in server.items() if k.startswith(("body.", "cpn."))}}
+
+    def begin_local(self, client, server, stats):
+        return {"fedcp.v": client[self.head_weight].sum(0)}  # v_i = Σ_c w_c, constant during training
+
+    def phases(self):
+        t = self.training
+        return [Phase(("body.", "head.", "cpn."), t.local_epochs, t.lr)]
+
+    def _policy(self, state, h):
+        v = state["fedcp.v"]
+        if self.hp.cs and self.hp.ss:
+            condition = v / torch.linalg.vector_norm(v) * h
+        elif self.hp.ss:
+            condition = h
+        elif self.hp.cs:
+            condition = (v / torch.linalg.vector_norm(v)).expand_as(h)
+        else:
+            condition = self.random_input.expand_as(h)
+        a = functional_call(self.policy_net, substate(state, "cpn."), (condition,)).view(*h.shape, 2)
+        policy = F.gumbel_softmax(a, tau=1.0, dim=-1) if self.hp.gumbel else torch.softmax(a, dim=-1)  # eq. 4
+        return policy[..., 0], policy[..., 1]  # r_i, s_i
+
+    def _output(self, state, server, h):
+        if not self.hp.cpn:
+            personal = self.net.head(state, h)
+            return personal + self.net.head(server, h) if self.hp.gh else personal
+        r, s = self._policy(state, h)
+        return self.net.head(server, r * h) + self.net.head(state, s * h)  # frozen global head + personal head
+
+    def logits(self, state, server, x):
+        return self._output(state, server, self.net.features(state, x))
+
+    def loss(self, state, server, x, y):
+        h = self.net.features(state, x)
+        loss = F.cross_entropy(self._output(state, server, h), y)
+        if self.hp.gfm:
+            # The frozen global extractor: the server's parameters; BatchNorm statistics on throwaway copies.
+            frozen = {**{k: state[k].clone() for k in self.net.buffer_keys if k.startswith("body.")}, **server}
+            loss = loss + self.hp.lam * mmd(h, self.net.features(frozen, x).detach())  # eq. 7
+        return loss
+
+    def upload(self, client, server):
+        out = {k: v for k, v in client.items() if k.startswith(("body.", "cpn."))}
+        if self.hp.gh:  # eq. 6: the upload head is the mean of the frozen global and the personal head
+            out |= {k: (server[k] + client[k]) / 2 for k in self.net.keys(("head.",))}
+        return out
+
+
+# Table 1
+VARIANTS = [
+    variant(FedCP, "FedCP-noCS", cs=False),
+    variant(FedCP, "FedCP-noSS", ss=False),
+    variant(FedCP, "FedCP-noCS-noSS", cs=False, ss=False),
+    variant(FedCP, "FedCP-noGFM", gfm=False),
+    variant(FedCP, "FedCP-noCPN", cpn=False),
+    variant(FedCP, "FedCP-noCPN-noGFM", cpn=False, gfm=False),
+    variant(FedCP, "FedCP-noCPN-noGH", cpn=False, gh=False),
+    variant(FedCP, "FedCP-noCPN-noGFM-noGH", cpn=False, gfm=False, gh=False),
+]

@@ -1,0 +1,145 @@
+"""GPFL (Zhang et al., ICCV 2023): learn global and personalized feature information at once.
+
+Shared: feature extractor W^fe ("body."), Conditional Valve V ("cov."), Global Category
+        Embeddings C ("gce.weight", U x K). Personal: head W_i^h ("head.").
+Each round the client receives W^fe, V, C; Ĉ is the frozen copy of the received C (here: the
+server's C, unchanged until aggregation), g = mean_u Ĉ_u (eq. 5), p_i = Σ_u α_i^u Ĉ_u / U with
+α_i the client's label frequencies (eqs. 6-7).
+CoV (eqs. 3-4): f^G = ReLU((γ+1)⊙f + β) from g, f^P = ReLU((γ_i+1)⊙f + β_i) from p_i; γ and β each
+come from Linear(K, K) → ReLU → LayerNorm(K) of the conditional input.
+Local loss (eq. 11): CE(ψ(f^P), y) (eq. 10) + L_alg (eq. 8) + λ·L_mlg (eq. 9) + μ‖V‖₂ + μ‖C‖₂.
+Upload: W^fe, V, C (never the head). Server: sample-weighted means (Algorithm 1, lines 15-17).
+Prediction: the personalized route only, ψ(f^P).
+
+Ablations (Table 6): pci=False feeds constant vectors a, b instead of p_i, g; cov=False uses f
+for both routes; mlg=False drops L_mlg; gce=False drops the embeddings with both guidance
+losses (the valve then gets a, b). pfllib=True follows PFLlib: L_mlg as one unsquared norm over
+the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same gradient), and
+p_i without the 1/U.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from algorithms.base import Method, Phase, prefixed, substate, variant
+
+
+@dataclass
+class GPFLHparams:
+    lam: float = 0.01  # λ, weight of the magnitude-level guidance (official: 0.01 for the CNN)
+    mu: float = 0.1  # μ, weight of the norms of V and C (official: 0.1 for the CNN)
+    pci: bool = True  # personalized conditional input p_i (and g); False: constant vectors a, b
+    cov: bool = True  # Conditional Valve; False: f^G = f^P = f
+    mlg: bool = True  # magnitude-level guidance L_mlg
+    gce: bool = True  # Global Category Embeddings with the angle- and magnitude-level guidance
+    pfllib: bool = False  # PFLlib's batch-level norm, μ as weight decay, p_i without 1/U
+
+
+class ConditionalValve(nn.Module):
+    """CoV: γ and β sub-modules, each Linear → ReLU → LayerNorm of the conditional input."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.gamma = nn.Sequential(nn.Linear(k, k), nn.ReLU(), nn.LayerNorm(k))
+        self.beta = nn.Sequential(nn.Linear(k, k), nn.ReLU(), nn.LayerNorm(k))
+
+    def forward(self, f: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        return F.relu((self.gamma(condition) + 1) * f + self.beta(condition))  # eq. 3
+
+
+class GPFL(Method):
+    name = "gpfl"
+    title = "GPFL"
+    Hparams = GPFLHparams
+    shared = ("body.", "cov.", "gce.")
+    stats_before = True  # label frequencies α_i (eq. 6)
+
+    def __init__(self, net, training, hp=None):
+        super().__init__(net, training, hp)
+        k, u = net.feature_dim, training.num_classes
+        device = next(net.module.parameters()).device
+        self.valve = ConditionalValve(k).to(device)
+        self.embeddings = nn.Embedding(u, k).to(device)
+        self.constants = torch.randn(2, k, device=device)  # a and b of the ablations, identical across clients
+
+    def init_client(self, model):
+        state = {**super().init_client(model), **prefixed(self.valve, "cov."), "gpfl.alpha": torch.zeros(self.training.num_classes)}
+        if self.hp.gce:
+            state |= prefixed(self.embeddings, "gce.")
+        return {k: v.to(self.constants.device) for k, v in state.items()}
+
+    def init_server(self, model, num_clients):
+        state = self.init_client(model)
+        return {k: v for k, v in state.items() if k.startswith(self.shared)}
+
+    def broadcast(self, client, server, index):
+        return {**client, **{k: v for k, v in server.items() if k.startswith(self.shared)}}
+
+    def statistics(self, state, server, x, y, w):
+        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(w.dtype)
+        return {"labels": (onehot * w[:, None]).sum(0)}
+
+    def begin_local(self, client, server, stats):
+        return {"gpfl.alpha": stats["labels"] / stats["labels"].sum().clamp(min=1)}  # eq. 6
+
+    def phases(self):
+        t = self.training
+        return [Phase(self.shared + ("head.",), t.local_epochs, t.lr)]
+
+    # --- the two routes
+    def _conditions(self, state, server):
+        """(g, p_i) from the frozen embeddings Ĉ (eqs. 5, 7), or the constants a, b of the ablations."""
+        if not (self.hp.pci and self.hp.gce):
+            return self.constants[1], self.constants[0]
+        frozen = server["gce.weight"]
+        u = frozen.shape[0]
+        g = frozen.mean(0)
+        p = state["gpfl.alpha"] @ frozen
+        return g, (p if self.hp.pfllib else p / u)
+
+    def _routes(self, state, server, x):
+        f = self.net.features(state, x)
+        if not self.hp.cov:
+            return f, f
+        g, p = self._conditions(state, server)
+        valve = substate(state, "cov.")
+        return functional_call(self.valve, valve, (f, g)), functional_call(self.valve, valve, (f, p))
+
+    def logits(self, state, server, x):
+        return self.net.head(state, self._routes(state, server, x)[1])  # personalized route only
+
+    def loss(self, state, server, x, y):
+        f_global, f_personal = self._routes(state, server, x)
+        loss = F.cross_entropy(self.net.head(state, f_personal), y)  # eq. 10
+        valve_params = list(substate(state, "cov.").values()) if self.hp.cov else []
+        emb_params = []
+        if self.hp.gce:
+            emb = state["gce.weight"]
+            cosine = F.cosine_similarity(f_global[:, None, :], emb[None, :, :], dim=-1)
+            loss = loss + F.cross_entropy(cosine, y)  # eq. 8: angle-level guidance
+            if self.hp.mlg:
+                gap = f_global - server["gce.weight"][y]  # against the frozen Ĉ_y
+                mlg = torch.linalg.vector_norm(gap) if self.hp.pfllib else torch.linalg.vector_norm(gap, dim=1).mean()
+                loss = loss + self.hp.lam * mlg  # eq. 9: magnitude-level guidance
+            emb_params = [emb]
+        if self.hp.pfllib:  # μ as weight decay on V and C
+            return loss + self.hp.mu / 2 * sum((p**2).sum() for p in valve_params + emb_params)
+        for params in (valve_params, emb_params):  # eq. 11: μ‖V‖₂ + μ‖C‖₂
+            if params:
+                loss = loss + self.hp.mu * torch.sqrt(sum((p**2).sum() for p in params))
+        return loss
+
+
+# Table 6
+VARIANTS = [
+    variant(GPFL, "GPFL-noPCI", pci=False),
+    variant(GPFL, "GPFL-noCoV", cov=False),
+    variant(GPFL, "GPFL-noMLG", mlg=False),
+    variant(GPFL, "GPFL-noGCE", gce=False),
+]
