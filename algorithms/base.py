@@ -119,11 +119,15 @@ class Method:
         return {k: v.clone() for k, v in model.items()}
 
     def init_server(self, model: State, num_clients: int) -> State:
-        return {k: model[k].clone() for k in self.net.keys(self.shared)}
+        return {k: v.clone() for k, v in self.init_client(model).items() if self.is_shared(k)}
+
+    def is_shared(self, key: str) -> bool:
+        """Shared: under a shared prefix, BatchNorm statistics excepted (they stay with each client)."""
+        return key.startswith(self.shared) and key not in self.net.buffer_keys
 
     # --- one round
     def broadcast(self, client: State, server: State, index: torch.Tensor) -> State:
-        return {**client, **{k: server[k] for k in self.net.keys(self.shared)}}
+        return {**client, **{k: v for k, v in server.items() if self.is_shared(k)}}
 
     def statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
         """Sums over one batch (w: 1 for real samples, 0 for padding); the engine adds up the batches."""
@@ -142,7 +146,7 @@ class Method:
         return F.cross_entropy(self.logits(state, server, x), y)
 
     def upload(self, client: State, server: State) -> State:
-        return {k: client[k] for k in self.net.keys(self.shared)}
+        return {k: v for k, v in client.items() if self.is_shared(k)}
 
     def aggregate(self, server: State, uploads: State, weights: torch.Tensor, ids: torch.Tensor) -> State:
         """Sample-weighted mean over the cohort; uploads are stacked along dim 0."""

@@ -79,9 +79,6 @@ class FedCP(Method):
         state["fedcp.v"] = torch.ones(self.net.feature_dim)
         return {k: v.to(self.random_input.device) for k, v in state.items()}
 
-    def init_server(self, model, num_clients):
-        return {k: v for k, v in self.init_client(model).items() if k.startswith(self.shared)}
-
     def broadcast(self, client, server, index):
         # W_i^fe ← W^fe and Θ_i ← Θ; the personal head stays, W^hd is read from the server when needed.
         return {**client, **{k: v for k, v in server.items() if k.startswith(("body.", "cpn."))}}

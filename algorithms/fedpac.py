@@ -122,7 +122,7 @@ class FedPAC(Method):
         return server
 
     def broadcast(self, client, server, index):
-        out = {**client, **{k: server[k] for k in self.net.keys(self.shared)}}
+        out = super().broadcast(client, server, index)
         if self.hp.combine != "none":
             out |= {k: server["pac.head." + k][index] for k in self.head_keys}
         return out

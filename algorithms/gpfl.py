@@ -74,13 +74,6 @@ class GPFL(Method):
             state |= prefixed(self.embeddings, "gce.")
         return {k: v.to(self.constants.device) for k, v in state.items()}
 
-    def init_server(self, model, num_clients):
-        state = self.init_client(model)
-        return {k: v for k, v in state.items() if k.startswith(self.shared)}
-
-    def broadcast(self, client, server, index):
-        return {**client, **{k: v for k, v in server.items() if k.startswith(self.shared)}}
-
     def statistics(self, state, server, x, y, w):
         onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(w.dtype)
         return {"labels": (onehot * w[:, None]).sum(0)}
