@@ -108,3 +108,11 @@ def test_data_show_draws_the_partition(tmp_path):
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "classes" in res.output and "top class" in res.output
+
+
+def test_methods_lists_every_variant_with_its_hyperparameters():
+    res = runner.invoke(app, ["methods"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0
+    for name in ("fedavg", "gpfl-nocov", "fedcp-nocpn-nogfm-nogh", "fedpac-protoweights"):
+        assert name in res.output
+    assert "combine=qp" in res.output and "lam=0.01" in res.output

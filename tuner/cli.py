@@ -52,7 +52,7 @@ def make_config(method: str, config: Path | None, options: dict, sets: list[str]
 @app.command()
 @user_errors
 def run(
-    method: str = typer.Argument(..., help="Method name: fedavg, fedprox, local, fedavg_ft, fedper, fedrep."),
+    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), e.g. fedavg, fedper, gpfl, fedcp, fedpac, fedpac-fa."),
     dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har [default: fmnist]."),
     partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet) or pac:S (FedPAC, S % uniform) [default: dir:0.1]."),
     clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20]."),
@@ -104,6 +104,22 @@ def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -
             table.add_row("last val accuracy", f"{100 * last['val_acc']:.2f}%")
     table.add_row("rounds run", f"{rounds_run} in {seconds:.1f} s ({seconds / max(rounds_run, 1):.2f} s/round)")
     table.add_row("results", str(out))
+    console.print(table)
+
+
+@app.command()
+def methods():
+    """List every method and variant with its hyperparameters and their defaults."""
+    from dataclasses import asdict
+
+    from algorithms import METHODS
+
+    table = Table(title="Methods (tuner run NAME --set hyperparameter=value)")
+    for col in ("name", "paper name", "shared", "hyperparameters (defaults)"):
+        table.add_column(col)
+    for name, cls in METHODS.items():
+        hp = ", ".join(f"{k}={v}" for k, v in asdict(cls.Hparams()).items()) or "-"
+        table.add_row(name, cls.title, " ".join(p.rstrip(".") for p in cls.shared) or "-", hp)
     console.print(table)
 
 
