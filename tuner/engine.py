@@ -187,7 +187,7 @@ class VectorizedExecutor(Executor):
             start = part.stop
 
     def map(self, fn, states: State, server: State, *args) -> State:
-        return vmap(fn, in_dims=(0, None, *[0] * len(args)))(states, server, *args)
+        return vmap(fn, in_dims=(0, None, *[0] * len(args)), randomness="different")(states, server, *args)
 
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
         train, decode = self.data.train, self.data.decode
@@ -196,7 +196,7 @@ class VectorizedExecutor(Executor):
         steps = torch.zeros(len(ids), device=device)
         self.method.net.module.train()
         for p_idx, phase in enumerate(phases):
-            step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0))
+            step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="different")
             keys = self._trainable(phase, cohort)
             scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
 
@@ -235,7 +235,7 @@ class VectorizedExecutor(Executor):
         """Sum fn(state, server, x, y, w) over each client's samples; padded samples carry w = 0."""
         self.method.net.module.eval()
         device = split.y.device
-        mapped = vmap(fn, in_dims=(0, None, 0, 0, 0))
+        mapped = vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="different")
         eb = self.settings.eval_batch
         results: dict[int, State] = {}
 
@@ -288,6 +288,7 @@ class Simulation:
         self.method, self.data, self.settings = method, data, settings
         self.executor = make_executor(settings.executor, method, data, settings)
         model = method.net.initial_state()
+        torch.manual_seed(settings.seed)  # for methods that draw noise (FedCP's Gumbel option); saved with the state
         n = data.num_clients
         self.server = method.init_server(model, n)
         client = method.init_client(model)
@@ -377,11 +378,17 @@ class Simulation:
     # --- exact save / restore
     def state_dict(self) -> dict:
         cpu = lambda d: {k: v.detach().cpu() for k, v in d.items()}  # noqa: E731
-        return {"round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history)}
+        return {
+            "round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history),
+            "torch_rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
         self.server = {k: v.to(self.device) for k, v in state["server"].items()}
         self.clients = {k: v.to(self.device) for k, v in state["clients"].items()}
         self.history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)
