@@ -116,3 +116,27 @@ def test_methods_lists_every_variant_with_its_hyperparameters():
     for name in ("fedavg", "gpfl-nocov", "fedcp-nocpn-nogfm-nogh", "fedpac-protoweights"):
         assert name in res.output
     assert "combine=qp" in res.output and "lam=0.01" in res.output
+
+
+def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):  # wait until a few rounds are done: config.yaml first, then rounds
+        time.sleep(0.1)
+        if out.joinpath("config.yaml").exists():
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr and "Traceback" not in stderr
+    rows = pd.read_parquet(out / "metrics.parquet")
+    assert len(rows) >= 1 and list(rows["round"]) == list(range(1, len(rows) + 1))
+    assert not os.path.exists(out / "checkpoint.pt.tmp")

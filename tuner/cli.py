@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -88,8 +89,22 @@ def run(
             done += 1
 
         t0 = time.perf_counter()
-        sim = run_simulation(cfg, out, resume=resume, on_round=on_round)
+        signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop flushes the rows like Ctrl-C does
+        try:
+            sim = run_simulation(cfg, out, resume=resume, on_round=on_round)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print(
+                f"Stopped after {done} rounds; the rows so far are in {out}/metrics.parquet. "
+                f"Continue from the last checkpoint with: tuner run {cfg.method} --resume --out {out}",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            raise typer.Exit(130) from None
     summarize(sim.history, out, time.perf_counter() - t0, done)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -> None:
