@@ -102,10 +102,6 @@ class FedPAC(Method):
         self.head_keys = net.keys(("head.",))
         self._qps: dict[int, SimplexQPs] = {}
 
-    @property
-    def uploads(self) -> bool:
-        return True
-
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.head_keys[0]].device
