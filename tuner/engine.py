@@ -123,7 +123,7 @@ class SequentialExecutor(Executor):
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
         """Train the stacked cohort states in place; returns each client's mean minibatch loss."""
         train, decode = self.data.train, self.data.decode
-        losses = torch.zeros(len(ids), dtype=torch.float64)
+        losses = torch.zeros(len(ids), dtype=torch.float64, device=train.y.device)
         steps = torch.zeros(len(ids))
         self.method.net.module.train()
         for p_idx, phase in enumerate(phases):
@@ -138,11 +138,11 @@ class SequentialExecutor(Executor):
                     idx = (row + base).to(train.y.device)
                     g, loss = grad_fn(params, rest, server, decode(train.x[idx]), train.y[idx])
                     _sgd(params, g, momentum, phase)
-                    losses[j] += loss.item()
+                    losses[j] += loss.detach()  # no host sync per step
                     steps[j] += 1
                 for k in keys:
                     cohort[k][j] = params[k]
-        return losses / steps.clamp(min=1)
+        return losses.cpu() / steps.clamp(min=1)
 
     @torch.no_grad()
     def sweep(self, fn, states: State, server: State, split: Split, ids: list[int]) -> State:

@@ -7,6 +7,7 @@ DataLoader. Group shifts (FedPAC's concept shift and feature skew) are applied h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ class Split:
     y: torch.Tensor
     counts: list[int]
 
-    @property
+    @cached_property
     def offsets(self) -> list[int]:
         return [0, *np.cumsum(self.counts).tolist()]
 
