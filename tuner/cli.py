@@ -123,6 +123,56 @@ def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -
 
 
 @app.command()
+@user_errors
+def sweep(
+    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`)."),
+    space: Path = typer.Option(..., help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
+    name: Optional[str] = typer.Option(None, help="Sweep name, the directory under --storage [default: METHOD-SPACE]."),
+    storage: Path = typer.Option(Path("results/sweeps"), help="Directory for the sweep; on a cluster, one every node can see."),
+    samples: Optional[int] = typer.Option(None, help="Number of trials [default: the space's samples]."),
+    sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."),
+    select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
+    seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
+    grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
+    patience: Optional[int] = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
+    max_total_rounds: Optional[int] = typer.Option(None, help="End the sweep after this many rounds over all trials."),
+    set_: list[str] = typer.Option([], "--set", help="Add to the space's fixed settings, as name=value (repeatable), e.g. rounds=20."),
+    cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per trial."),
+    gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial, fractional to share one GPU [default: 1 if the cluster has GPUs, else 0]."),
+    max_concurrent: Optional[int] = typer.Option(None, help="At most this many trials at once [default: as resources allow]."),
+    address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. auto, or HEAD_IP:6379) instead of starting a local one."),
+    study_db: Optional[Path] = typer.Option(None, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."),
+    resume: bool = typer.Option(False, help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume from their checkpoints."),
+    verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
+):
+    """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
+    from tuner.space import load_space
+    from tuner.sweep import Resources
+    from tuner.sweep import sweep as run_sweep
+
+    overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds}
+    sp = load_space(space, method, overrides, parse_set(set_))
+    stem = space.stem
+    sweep_dir = storage / (name or (stem if stem.startswith(method) else f"{method}-{stem}"))
+    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
+    if seeds < 0:
+        raise UserError(f"--seeds must be 0 or more, not {seeds}.")
+    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {method}, sampler {sp.sampler}, selecting by {sp.select} accuracy")
+    summary = run_sweep(sp, sweep_dir, res, seeds=seeds, resume=resume, study_db=study_db)
+    table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
+    best = summary["best"]
+    table.add_row("best configuration", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()))
+    table.add_row(f"selected test accuracy ({sp.select})", f"{100 * best['selected_acc']:.2f}% (round {best['best_round']})")
+    if summary.get("seeds"):
+        import numpy as np
+
+        accs = 100 * np.array(summary["seeds"])
+        table.add_row(f"{len(accs)} fresh seeds", f"{accs.mean():.2f} ± {accs.std():.2f}%")
+    table.add_row("results", f"{sweep_dir}  (tables: tuner report {sweep_dir} --out results/report)")
+    console.print(table)
+
+
+@app.command()
 def methods():
     """List every method and variant with its hyperparameters and their defaults."""
     from dataclasses import asdict

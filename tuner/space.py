@@ -1,0 +1,233 @@
+"""Search-space files: fixed settings, distributions over any setting, and how a sweep stops.
+
+A space is a YAML file (see `search_spaces/`):
+
+    method: fedcp                  # optional; must match the method named on the command line
+    settings: {dataset: fmnist, partition: "dir:0.1", rounds: 2000}   # fixed, same names as --set
+    search:                        # one distribution per setting or hyperparameter
+      lam: {grid: [0, 0.1, 1, 5, 10]}
+      lr: {loguniform: [0.001, 0.05]}
+    sampler: tpe                   # any of SAMPLERS; `grid` when every distribution is a grid
+    samples: 20
+    select: test                   # test (the papers) or val (honest tuning)
+    report_every: 1                # rounds between reports to Tune
+    stop: {grace: 50, patience: 100, max_total_rounds: null}
+
+Every value a distribution can produce is checked against the method before anything starts,
+so a sweep never fails on its hundredth trial because of a typo in its space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from tuner.config import RunConfig, apply_settings
+from tuner.errors import UserError
+
+KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
+SAMPLERS = {
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "cmaes": lambda seed: optuna.samplers.CmaEsSampler(seed=seed),
+    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
+    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+}
+SELECTS = ("test", "val")
+TOP_KEYS = ("method", "settings", "search", "sampler", "samples", "select", "report_every", "stop")
+STOP_KEYS = ("grace", "patience", "max_total_rounds")
+
+
+@dataclass
+class Stopping:
+    grace: int | None = None  # ASHA grace period in rounds; None: no ASHA
+    patience: int | None = None  # stop a trial whose best round is more than this many rounds old
+    max_total_rounds: int | None = None  # end the whole sweep after this many rounds over all trials
+
+
+@dataclass
+class Space:
+    method: str
+    settings: dict[str, Any]
+    search: dict[str, optuna.distributions.BaseDistribution]
+    grids: dict[str, list]  # the `grid` entries, in file order
+    sampler: str = "tpe"
+    samples: int = 10
+    select: str = "test"
+    report_every: int = 1
+    stop: Stopping = field(default_factory=Stopping)
+    source: str = "space"
+
+    def base_config(self) -> RunConfig:
+        """The fixed settings resolved, with every searched value at its default."""
+        return apply_settings(RunConfig(method=self.method), self.settings, self.source).resolved()
+
+    def defaults(self) -> dict[str, Any]:
+        """The paper's setting of every searched name that its distribution can produce (tried first)."""
+        cfg = self.base_config()
+        point = {}
+        for name, dist in self.search.items():
+            value = cfg.hparams[name] if name in cfg.hparams else getattr(cfg, name)
+            if _contains(dist, value):
+                point[name] = value
+        return point
+
+    def grid_points(self) -> int:
+        return math.prod(len(v) for v in self.grids.values())
+
+    def make_sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        if self.sampler == "grid":
+            return optuna.samplers.GridSampler(self.grids, seed=seed)
+        return SAMPLERS[self.sampler](seed)
+
+    @property
+    def metric(self) -> str:
+        """What ASHA, patience and the sampler maximize: the selection metric's best so far."""
+        return "best_acc" if self.select == "test" else "best_val_acc"
+
+
+def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and dist.low <= value <= dist.high
+
+
+def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> Space:
+    """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed settings."""
+    p = Path(path)
+    where = str(p)
+    data = load_yaml_mapping(p)
+    unknown = [k for k in data if k not in TOP_KEYS]
+    if unknown:
+        raise UserError(f"{where}: unknown key '{unknown[0]}'; a space file may hold {', '.join(TOP_KEYS)}.")
+    if data.get("method") not in (None, method):
+        raise UserError(f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file.")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            if key in STOP_KEYS:
+                data.setdefault("stop", {})
+                data["stop"] = {**(data["stop"] or {}), key: value}
+            else:
+                data[key] = value
+    search_names = set(_mapping(data.get("search"), where, "search"))
+    clash = search_names & set(settings or {})
+    if clash:
+        raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
+    settings = {**_mapping(data.get("settings"), where, "settings"), **(settings or {})}
+    base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
+    search_spec = _mapping(data.get("search"), where, "search")
+    if not search_spec:
+        raise UserError(f"{where}: 'search' names no setting to search; add at least one distribution.")
+    search, grids = {}, {}
+    for name, spec in search_spec.items():
+        dist, grid = _distribution(name, spec, where)
+        for value in _probe_values(dist):  # every value the sampler may produce must be a valid run
+            apply_settings(base, {name: value}, f"{where}: search").resolved()
+        search[name] = dist
+        if grid is not None:
+            grids[name] = grid
+    space = Space(
+        method=method, settings=settings, search=search, grids=grids, source=where,
+        sampler=str(data.get("sampler") or ("grid" if len(grids) == len(search) else "tpe")),
+        samples=_positive(data.get("samples", 10), where, "samples"),
+        select=str(data.get("select") or "test"),
+        report_every=_positive(data.get("report_every", 1), where, "report_every"),
+        stop=_stopping(data.get("stop"), where),
+    )  # fmt: skip
+    _check(space, base)
+    if space.select == "val" and base.val_frac == 0:  # selection needs a validation split
+        space.settings = {**space.settings, "val_frac": 0.1}
+    space.base_config()
+    return space
+
+
+def load_yaml_mapping(p: Path) -> dict[str, Any]:
+    if not p.exists():
+        raise UserError(f"Space file {p} does not exist; see search_spaces/ for examples.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise UserError(f"Space file {p} is not valid YAML{f' at line {mark.line + 1}' if mark else ''}; fix its syntax.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"Space file {p} must be a mapping with at least a 'search' key.")
+    return data
+
+
+def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: '{key}' must be a mapping of name: value.")
+    return dict(value)
+
+
+def _positive(value: Any, where: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{where}: '{key}' must be a whole number of at least 1, not {value!r}.")
+    return value
+
+
+def _distribution(name: str, spec: Any, where: str) -> tuple[optuna.distributions.BaseDistribution, list | None]:
+    allowed = ", ".join(f"{{{k}: ...}}" for k in KINDS)
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise UserError(f"{where}: search.{name} must be one distribution, one of {allowed}.")
+    kind, args = next(iter(spec.items()))
+    if kind not in KINDS:
+        raise UserError(f"{where}: search.{name} uses unknown distribution '{kind}'; use one of {', '.join(KINDS)}.")
+    if kind in ("categorical", "grid"):
+        if not isinstance(args, list) or not args or len(set(map(repr, args))) != len(args):
+            raise UserError(f"{where}: search.{name}: {kind} needs a list of distinct values, not {args!r}.")
+        if any(not isinstance(v, (bool, int, float, str)) for v in args):
+            raise UserError(f"{where}: search.{name}: {kind} values must be numbers, strings or booleans.")
+        return optuna.distributions.CategoricalDistribution(args), (list(args) if kind == "grid" else None)
+    if not (isinstance(args, list) and len(args) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args)):
+        raise UserError(f"{where}: search.{name}: {kind} needs [low, high], two numbers, not {args!r}.")
+    low, high = args
+    if low >= high:
+        raise UserError(f"{where}: search.{name}: low {low} must be below high {high}.")
+    if kind == "int":
+        if not all(float(v).is_integer() for v in args):
+            raise UserError(f"{where}: search.{name}: int needs whole-number bounds, not {args!r}.")
+        return optuna.distributions.IntDistribution(int(low), int(high)), None
+    if kind == "loguniform" and low <= 0:
+        raise UserError(f"{where}: search.{name}: loguniform needs a positive low bound, not {low}.")
+    return optuna.distributions.FloatDistribution(float(low), float(high), log=kind == "loguniform"), None
+
+
+def _probe_values(dist: optuna.distributions.BaseDistribution) -> list:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return list(dist.choices)
+    return [dist.low, dist.high]
+
+
+def _stopping(value: Any, where: str) -> Stopping:
+    spec = _mapping(value, where, "stop")
+    for key, v in spec.items():
+        if key not in STOP_KEYS:
+            raise UserError(f"{where}: stop.{key} is unknown; stop may hold {', '.join(STOP_KEYS)}.")
+        if v is not None:
+            _positive(v, where, f"stop.{key}")
+    return Stopping(**spec)
+
+
+def _check(space: Space, base: RunConfig) -> None:
+    where = space.source
+    if space.sampler != "grid" and space.sampler not in SAMPLERS:
+        raise UserError(f"{where}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
+    if space.sampler == "grid" and len(space.grids) != len(space.search):
+        other = next(k for k in space.search if k not in space.grids)
+        raise UserError(f"{where}: the grid sampler needs every distribution to be a grid, but search.{other} is not.")
+    if space.select not in SELECTS:
+        raise UserError(f"{where}: select must be test or val, not {space.select!r}.")
+    if space.stop.grace is not None and space.stop.grace > base.resolved().rounds:
+        raise UserError(f"{where}: stop.grace ({space.stop.grace}) exceeds the run's {base.resolved().rounds} rounds.")
+    if space.sampler == "grid":
+        space.samples = space.grid_points()
+

@@ -1,0 +1,320 @@
+"""Many federated runs as one Ray Tune experiment: the trainable, the stopping rules, the console.
+
+A sweep directory (`--storage/--name`) holds one Ray Tune experiment per stage, each with an
+`experiment.yaml` that `tuner report` reads to rebuild every trial's full RunConfig:
+
+    search/   the Optuna search (OptunaSearch; ASHA and patience stop trials early)
+    seeds/    the best configuration rerun with fresh seeds (`--seeds N`)
+
+`tuner reproduce` writes one stage, `reproduce/`, whose trials carry their table cell.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from ray import tune
+from ray.tune import Callback
+from ray.tune.stopper import CombinedStopper, Stopper
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tuner.config import RunConfig, apply_settings
+from tuner.errors import DivergedError, UserError
+from tuner.space import Space
+
+EXPERIMENT_FILE = "experiment.yaml"
+CHECKPOINT_FILE = "simulation.pt"
+
+
+# --- one trial
+def trial_run_config(base: dict[str, Any], config: dict[str, Any]) -> RunConfig:
+    """A trial's RunConfig: the stage's fixed settings, then its table cell (reproduce), then the sampled values."""
+    settings = {**base, **config.get("cell", {}), **{k: v for k, v in config.items() if k != "cell"}}
+    method = settings.pop("method")
+    return apply_settings(RunConfig(method=method), settings, "trial").resolved()
+
+
+def selection(history: list[dict], select: str) -> dict[str, float]:
+    """Best-so-far figures: test accuracy at the round chosen by `select` (best test, or best validation)."""
+    evals = [h for h in history if "acc" in h]
+    if not evals:
+        return {"best_acc": math.nan, "selected_acc": math.nan, "best_round": 0}
+    key = "acc" if select == "test" else "val_acc"
+    chosen = max(evals, key=lambda h: h[key])
+    out = {"best_acc": max(h["acc"] for h in evals), "selected_acc": chosen["acc"], "best_round": chosen["round"]}
+    if "val_acc" in evals[0]:
+        out["best_val_acc"] = max(h["val_acc"] for h in evals)
+    return out
+
+
+def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int) -> None:
+    """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole."""
+    import ray
+    import torch
+
+    from tuner.run import build_simulation
+
+    cfg = trial_run_config(base, config)
+    gpus = ray.get_gpu_ids()
+    if cfg.device == "auto":  # the trial's share of the cluster decides, not what the node happens to have
+        cfg = apply_settings(cfg, {"device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}, "trial")
+    cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
+    torch.set_num_threads(max(1, cpus))
+    sim = build_simulation(cfg)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            sim.load_state_dict(torch.load(Path(d) / CHECKPOINT_FILE, weights_only=False))
+    placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
+    while sim.round < cfg.rounds:
+        try:
+            row = sim.step()
+        except DivergedError as e:
+            tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, "failed": str(e)})
+            raise
+        last = sim.round == cfg.rounds
+        if not (last or sim.round % report_every == 0 or sim.round % cfg.checkpoint_every == 0):
+            continue
+        metrics = {**placement, **row, **selection(sim.history, select)}
+        if last or sim.round % cfg.checkpoint_every == 0:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(sim.state_dict(), Path(d) / CHECKPOINT_FILE)
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+        else:
+            tune.report(metrics)
+
+
+# --- stopping rules besides ASHA
+class Patience(Stopper):
+    """Stop a trial whose selected round is more than `patience` rounds old (PFLlib's auto_break)."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+
+    def __call__(self, trial_id, result):
+        return result["round"] - result["best_round"] > self.patience
+
+    def stop_all(self):
+        return False
+
+
+class RoundBudget(Stopper):
+    """End the sweep once its trials have run `max_total_rounds` rounds together."""
+
+    def __init__(self, max_total_rounds: int):
+        self.max_total_rounds = max_total_rounds
+        self.rounds: dict[str, int] = {}
+
+    def __call__(self, trial_id, result):
+        self.rounds[trial_id] = result["round"]
+        return False
+
+    def stop_all(self):
+        return sum(self.rounds.values()) >= self.max_total_rounds
+
+
+def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | None:
+    rules = ([Patience(patience)] if patience else []) + ([RoundBudget(max_total_rounds)] if max_total_rounds else [])
+    return CombinedStopper(*rules) if rules else None
+
+
+# --- the console
+class SweepProgress(Callback):
+    """Trials running, done, stopped early and failed, and the best so far, on one line (instead of Ray's tables)."""
+
+    def __init__(self, total: int, rounds: int, metric: str):
+        self.total, self.rounds, self.metric = total, rounds, metric
+        self._reset()
+
+    def _reset(self):
+        self.progress = None
+        self.running: set[str] = set()
+        self.counts = {"early": 0, "failed": 0, "done": 0}
+        self.best = -math.inf
+
+    def __getstate__(self):  # Tune pickles its callbacks with the experiment; the live display stays behind
+        return {"total": self.total, "rounds": self.rounds, "metric": self.metric}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    def setup(self, **info):
+        self.progress = Progress(
+            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  best {task.fields[best]}"),
+            TimeElapsedColumn(),
+        )  # fmt: skip
+        self.task = self.progress.add_task("sweep", total=self.total, running=0, early=0, failed=0, best="-")
+        self.progress.start()
+
+    def _show(self):
+        best = f"{100 * self.best:.2f}%" if self.best > -math.inf else "-"
+        done = self.counts["done"] + self.counts["failed"]
+        self.progress.update(self.task, completed=done, running=len(self.running), early=self.counts["early"], failed=self.counts["failed"], best=best)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.running.add(trial.trial_id)
+        self._show()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        value = result.get(self.metric)
+        if value is not None and not math.isnan(value):
+            self.best = max(self.best, value)
+        self._show()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.running.discard(trial.trial_id)
+        self.counts["done"] += 1
+        if (trial.last_result or {}).get("round", self.rounds) < self.rounds:
+            self.counts["early"] += 1
+        self._show()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.running.discard(trial.trial_id)
+        self.counts["failed"] += 1
+        reason = (trial.last_result or {}).get("failed") or "it raised an error; see error.txt in its trial directory"
+        self.progress.console.print(f"[yellow]trial {trial.trial_id} failed:[/] {reason}", highlight=False)
+        self._show()
+
+    def on_experiment_end(self, trials, **info):
+        self.progress.stop()
+
+
+# --- a whole stage
+@dataclass
+class Resources:
+    cpus_per_trial: float = 1
+    gpus_per_trial: float | None = None  # None: 1 when the cluster has GPUs, else 0
+    max_concurrent: int | None = None
+    address: str | None = None
+    verbose: bool = False
+
+
+def start_ray(res: Resources) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if not res.verbose:
+        warnings.filterwarnings("ignore", module="ray")
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
+                 log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
+    except ConnectionError as e:
+        raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
+
+
+def trial_resources(res: Resources) -> dict[str, float]:
+    import ray
+
+    gpus = res.gpus_per_trial
+    if gpus is None:
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    return {"cpu": res.cpus_per_trial, "gpu": gpus}
+
+
+def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    info = {"stage": stage, "select": select, "settings": base, **extra}
+    (path / EXPERIMENT_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
+
+
+def run_stage(
+    sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
+    *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1,
+    rounds: int, metric: str, resume: bool, extra: dict | None = None,
+):  # fmt: skip
+    """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
+    start_ray(res)
+    path = sweep_dir / stage
+    trainable = tune.with_resources(
+        tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every), trial_resources(res)
+    )
+    if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        write_experiment(path, stage, base, select, **(extra or {}))
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space or {},
+            tune_config=tune.TuneConfig(metric=metric, mode="max", search_alg=searcher, scheduler=scheduler,
+                                        num_samples=samples, max_concurrent_trials=res.max_concurrent),  # fmt: skip
+            run_config=tune.RunConfig(
+                name=stage, storage_path=str(sweep_dir.resolve()), stop=stopper, callbacks=[SweepProgress(samples, rounds, metric)],
+                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    return tuner.fit()
+
+
+def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resume: bool = False, study_db: Path | None = None) -> dict:
+    """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    search_dir = sweep_dir / "search"
+    if not resume and search_dir.exists():
+        raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")
+    if resume and not search_dir.exists():
+        raise UserError(f"{sweep_dir} holds no sweep to resume; drop --resume to start it.")
+    base = {"method": space.method, **space.settings}
+    cfg = space.base_config()
+    storage = None
+    if study_db is not None:
+        storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}")
+    searcher = OptunaSearch(
+        space=space.search, metric=space.metric, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage, study_name=sweep_dir.name,
+        points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
+    )  # fmt: skip
+    scheduler = None
+    if space.stop.grace:
+        scheduler = ASHAScheduler(time_attr="round", max_t=cfg.rounds, grace_period=space.stop.grace)
+    grid = run_stage(
+        sweep_dir, "search", base, space.select, space.report_every, res,
+        searcher=searcher, scheduler=scheduler, stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
+        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=resume,
+        extra={"method": space.method, "space": space.source, "sampler": space.sampler},
+    )  # fmt: skip
+    best = _best(grid, space.metric)
+    if best is None:
+        raise UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
+    summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc")}}
+    if seeds:
+        seeds_grid = run_stage(
+            sweep_dir, "seeds", {**base, **best.config}, space.select, space.report_every, res,
+            param_space={"seed": tune.grid_search(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)))},
+            stopper=stoppers(space.stop.patience, None), samples=1, rounds=cfg.rounds, metric=space.metric,
+            resume=resume, extra={"method": space.method, "best_of": "search"},
+        )  # fmt: skip
+        accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
+        summary["seeds"] = accs
+    (sweep_dir / "summary.yaml").write_text(yaml.safe_dump(_plain(summary), sort_keys=False))
+    return summary
+
+
+def _best(grid, metric: str):
+    results = [r for r in grid if r.metrics and r.metrics.get(metric) is not None and not math.isnan(r.metrics[metric])]
+    return max(results, key=lambda r: r.metrics[metric], default=None)
+
+
+def _plain(obj):
+    """YAML-safe copy (numpy scalars to Python)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj.item() if hasattr(obj, "item") else obj
