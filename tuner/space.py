@@ -128,7 +128,10 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     for name, spec in search_spec.items():
         dist, grid = _distribution(name, spec, where)
         for value in _probe_values(dist):  # every value the sampler may produce must be a valid run
-            apply_settings(base, {name: value}, f"{where}: search").resolved()
+            try:
+                apply_settings(base, {name: value}, f"{where}: search").resolved()
+            except UserError as e:
+                raise e if str(e).startswith(where) else UserError(f"{where}: search.{name} = {value!r}: {e}") from None
         search[name] = dist
         if grid is not None:
             grids[name] = grid

@@ -24,6 +24,7 @@ import optuna
 import yaml
 from ray import tune
 from ray.tune import Callback
+from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -122,6 +123,11 @@ class RoundBudget(Stopper):
         return sum(self.rounds.values()) >= self.max_total_rounds
 
 
+def asha(grace: int | None, rounds: int) -> ASHAScheduler | None:
+    """ASHA over rounds: a trial reaching a rung below the top quarter of its peers stops there."""
+    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace) if grace else None
+
+
 def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | None:
     rules = ([Patience(patience)] if patience else []) + ([RoundBudget(max_total_rounds)] if max_total_rounds else [])
     return CombinedStopper(*rules) if rules else None
@@ -200,16 +206,21 @@ class Resources:
     verbose: bool = False
 
 
-def start_ray(res: Resources) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if not res.verbose:
+def quiet(verbose: bool) -> None:
+    """Ray's and Optuna's own logging only with --verbose: the progress line says what matters."""
+    if not verbose:
         warnings.filterwarnings("ignore", module="ray")
         logging.getLogger("ray").setLevel(logging.ERROR)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def start_ray(res: Resources) -> None:
+    import ray
+
+    quiet(res.verbose)
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     try:
         ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
@@ -263,9 +274,9 @@ def run_stage(
 
 def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resume: bool = False, study_db: Path | None = None) -> dict:
     """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    quiet(res.verbose)
     search_dir = sweep_dir / "search"
     if not resume and search_dir.exists():
         raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")
@@ -280,12 +291,9 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
         space=space.search, metric=space.metric, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage, study_name=sweep_dir.name,
         points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
     )  # fmt: skip
-    scheduler = None
-    if space.stop.grace:
-        scheduler = ASHAScheduler(time_attr="round", max_t=cfg.rounds, grace_period=space.stop.grace)
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
-        searcher=searcher, scheduler=scheduler, stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
+        searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
         samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=resume,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
@@ -295,8 +303,8 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
     summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc")}}
     if seeds:
         seeds_grid = run_stage(
-            sweep_dir, "seeds", {**base, **best.config}, space.select, space.report_every, res,
-            param_space={"seed": tune.grid_search(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)))},
+            sweep_dir, "seeds", base, space.select, space.report_every, res,
+            param_space={**best.config, "seed": tune.grid_search(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)))},
             stopper=stoppers(space.stop.patience, None), samples=1, rounds=cfg.rounds, metric=space.metric,
             resume=resume, extra={"method": space.method, "best_of": "search"},
         )  # fmt: skip

@@ -1,0 +1,179 @@
+"""`tuner sweep` end to end on Ray: trials, checkpoints, seeds, failures, resume after SIGKILL, placement."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.sweep import Patience, RoundBudget, asha, selection
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = """
+settings: {dataset: digits, partition: iid, clients: 4, rounds: 3, checkpoint_every: 2, executor: sequential}
+search:
+  lr: {loguniform: [0.001, 0.2]}
+samples: 3
+"""
+
+
+def trials(experiment: Path) -> list[dict]:
+    """Every trial of a Ray Tune experiment: its sampled config and its reported rows."""
+    out = []
+    for d in sorted(p for p in experiment.iterdir() if (p / "params.json").exists()):
+        rows = [json.loads(line) for line in (d / "result.json").read_text().splitlines() if line.strip()]
+        out.append({"dir": d, "params": json.loads((d / "params.json").read_text()), "rows": rows})
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray_local):
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY)
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--seeds", "2"])
+    assert res.exit_code == 0, res.output
+    assert "best configuration" in res.output and "2 fresh seeds" in res.output
+    search = trials(tmp_path / "fedavg-tiny" / "search")
+    assert len(search) == 3
+    assert {"lr": 0.005} in [t["params"] for t in search]  # the MLP's paper learning rate is tried
+    for t in search:
+        assert [r["round"] for r in t["rows"]] == [1, 2, 3]
+        best = [r["best_acc"] for r in t["rows"]]
+        assert best == sorted(best) and best[-1] == max(r["acc"] for r in t["rows"])
+        assert list(t["dir"].glob("checkpoint_*/simulation.pt"))
+    experiment = yaml.safe_load((tmp_path / "fedavg-tiny" / "search" / "experiment.yaml").read_text())
+    assert experiment["stage"] == "search" and experiment["settings"]["method"] == "fedavg"
+    summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
+    best_lr = summary["best_config"]["lr"]
+    assert summary["best"]["best_acc"] == max(t["rows"][-1]["best_acc"] for t in search)
+    seeds = trials(tmp_path / "fedavg-tiny" / "seeds")
+    assert sorted(t["params"]["seed"] for t in seeds) == [1, 2]
+    assert all(t["params"]["lr"] == best_lr and t["rows"][-1]["round"] == 3 for t in seeds)
+    assert seeds[0]["rows"][-1]["acc"] != seeds[1]["rows"][-1]["acc"]  # the seeds really differ
+    again = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
+    assert again.exit_code == 2 and "already holds a sweep; pass --resume" in again.output
+
+
+def test_a_diverging_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, ray_local):
+    space = tmp_path / "div.yaml"
+    space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 1.0e+12]}"))
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "failed" in res.output
+    by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "fedavg-div" / "search")}
+    failed = by_lr[1.0e12]
+    assert "diverged" in failed["rows"][-1]["failed"] and (failed["dir"] / "error.txt").exists()
+    assert by_lr[0.05]["rows"][-1]["round"] == 3
+
+
+def test_stopping_rules():
+    patience = Patience(3)
+    assert not patience("t", {"round": 10, "best_round": 7})
+    assert patience("t", {"round": 11, "best_round": 7})
+    budget = RoundBudget(10)
+    budget("a", {"round": 4})
+    budget("b", {"round": 5})
+    assert not budget.stop_all()
+    budget("a", {"round": 5})
+    assert budget.stop_all()
+    scheduler = asha(5, 100)
+    assert scheduler._time_attr == "round" and scheduler._max_t == 100 and asha(None, 100) is None
+    rows = [{"round": 1, "acc": 0.5, "val_acc": 0.7}, {"round": 2, "acc": 0.8, "val_acc": 0.6}, {"round": 3, "train_loss": 1.0}]
+    assert selection(rows, "test") == {"best_acc": 0.8, "selected_acc": 0.8, "best_round": 2, "best_val_acc": 0.7}
+    assert selection(rows, "val") == {"best_acc": 0.8, "selected_acc": 0.5, "best_round": 1, "best_val_acc": 0.7}
+
+
+def _sweep_cmd(space, storage, *extra):
+    return [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(storage), *extra]
+
+
+def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
+    space = tmp_path / "kill.yaml"
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 8, checkpoint_every: 2").replace("samples: 3", "samples: 4"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    experiment = tmp_path / "fedavg-kill" / "search"
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill once one trial is done and the next has checkpointed mid-way
+        ts = trials(experiment) if experiment.exists() else []
+        finished = [t for t in ts if t["rows"] and t["rows"][-1]["round"] == 8]
+        midway = [t for t in ts if t["rows"] and 2 <= t["rows"][-1]["round"] < 8 and list(t["dir"].glob("checkpoint_*"))]
+        if finished and midway:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the sweep never reached a finished and a half-done trial")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials(experiment)}
+    done_before = [name for name, rounds in before.items() if rounds[-1] == 8]
+    res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = trials(experiment)
+    assert len(after) == 4 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 4
+    for t in after:
+        rounds = [r["round"] for r in t["rows"]]
+        assert rounds[-1] == 8 and set(rounds) == set(range(1, 9))
+        if t["dir"].name in done_before:  # a finished trial is not run again
+            assert rounds == before[t["dir"].name]
+    resumed = [t for t in after if t["dir"].name in before and t["dir"].name not in done_before]
+    for t in resumed:  # an interrupted trial continues from its checkpoint instead of round 1
+        rounds = [r["round"] for r in t["rows"]]
+        assert rounds.count(1) == 1
+
+
+PLACEMENT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import ray
+    from ray.cluster_utils import Cluster
+    from tuner.space import load_space
+    from tuner.sweep import Resources, sweep
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    workers = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    space = load_space(sys.argv[1], "fedavg")
+    sweep(space, Path(sys.argv[2]) / "gpu", Resources(cpus_per_trial=1, gpus_per_trial=0.5, address=cluster.address))
+    print(json.dumps({"workers": [w.node_id for w in workers], "head": cluster.head_node.node_id}), flush=True)
+    ray.shutdown()
+    cluster.shutdown()
+""")
+
+
+def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
+    space = tmp_path / "gpu.yaml"
+    space.write_text(TINY.replace("samples: 3", "samples: 6"))
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(script), str(space), str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    nodes = json.loads(res.stdout.strip().splitlines()[-1])
+    ts = trials(tmp_path / "gpu" / "search")
+    assert len(ts) == 6
+    spans = {}
+    for t in ts:
+        first, last = t["rows"][0], t["rows"][-1]
+        assert first["node"] in nodes["workers"] and first["gpu_ids"] != ""  # never on the GPU-less head
+        spans.setdefault((first["node"], first["gpu_ids"]), []).append((first["timestamp"] - first["time_total_s"], last["timestamp"]))
+    for gpu, intervals in spans.items():  # half a GPU each: at most two trials share one at any moment
+        for start, _ in intervals:
+            assert sum(s <= start < e for s, e in intervals) <= 2, gpu
