@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -170,6 +171,37 @@ def sweep(
         table.add_row(f"{len(accs)} fresh seeds", f"{accs.mean():.2f} ± {accs.std():.2f}%")
     table.add_row("results", f"{sweep_dir}  (tables: tuner report {sweep_dir} --out results/report)")
     console.print(table)
+
+
+@app.command()
+@user_errors
+def report(
+    results: list[Path] = typer.Argument(..., help="Run directories, sweeps, or folders holding them (searched recursively)."),
+    out: Path = typer.Option(Path("results/report"), help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
+    select: str = typer.Option("test", help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
+):
+    """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
+    from tuner.report import wide_table
+    from tuner.report import report as build_report
+
+    result = build_report(results, out, select)
+    console.print(f"{result['runs']} runs ({result['failed']} failed); {result['note']}")
+    if result["unselectable"]:
+        err.print(f"{result['unselectable']} runs have no {'validation' if select == 'val' else 'test'} accuracy to select by and are left out of the tables.")
+    tables = result["tables"]
+    if tables.empty:
+        console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
+    else:
+        for (paper_name, table_name), t in tables.groupby(["paper", "table"], sort=False):
+            frame = wide_table(t, compact=True)
+            table = Table(title=escape(f"{paper_name} {table_name}: ours [seeds × rounds] beside the paper"))
+            table.add_column("method")
+            for column, part in frame.columns:
+                table.add_column(f"{column}\n{part}", justify="right")
+            for method, row in frame.iterrows():
+                table.add_row(method, *map(escape, row.tolist()))
+            console.print(table)
+    console.print("written: " + ", ".join(str(p) for p in result["files"]))
 
 
 @app.command()

@@ -162,6 +162,13 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     return replace(cfg, **updates, hparams=hp)
 
 
+def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
+    """A Tune trial's RunConfig: its stage's fixed settings (with the method), its table cell, then its sampled values."""
+    settings = {**base, **params.get("cell", {}), **{k: v for k, v in params.items() if k != "cell"}}
+    method = settings.pop("method")
+    return apply_settings(RunConfig(method=method), settings, "trial").resolved()
+
+
 def parse_set(pairs: list[str]) -> dict[str, Any]:
     out = {}
     for pair in pairs:

@@ -28,7 +28,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.config import RunConfig, apply_settings
+from tuner.config import apply_settings, trial_config
 from tuner.errors import DivergedError, UserError
 from tuner.space import Space
 
@@ -37,13 +37,6 @@ CHECKPOINT_FILE = "simulation.pt"
 
 
 # --- one trial
-def trial_run_config(base: dict[str, Any], config: dict[str, Any]) -> RunConfig:
-    """A trial's RunConfig: the stage's fixed settings, then its table cell (reproduce), then the sampled values."""
-    settings = {**base, **config.get("cell", {}), **{k: v for k, v in config.items() if k != "cell"}}
-    method = settings.pop("method")
-    return apply_settings(RunConfig(method=method), settings, "trial").resolved()
-
-
 def selection(history: list[dict], select: str) -> dict[str, float]:
     """Best-so-far figures: test accuracy at the round chosen by `select` (best test, or best validation)."""
     evals = [h for h in history if "acc" in h]
@@ -64,7 +57,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
 
     from tuner.run import build_simulation
 
-    cfg = trial_run_config(base, config)
+    cfg = trial_config(base, config)
     gpus = ray.get_gpu_ids()
     if cfg.device == "auto":  # the trial's share of the cluster decides, not what the node happens to have
         cfg = apply_settings(cfg, {"device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}, "trial")

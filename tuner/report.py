@@ -1,0 +1,327 @@
+"""Everything that was run, as tables: per-round rows, per-run summaries, and the papers' tables rebuilt.
+
+Runs are found under the given paths: `tuner run` directories (config.yaml + metrics.parquet) and
+the Ray Tune experiments of `tuner sweep` / `tuner reproduce` (experiment.yaml + trial folders).
+A paper's table cell is matched by dataset, partition, backbone, clients and join ratio; its value
+is the mean ± std over seeds of the selected test accuracy: the seed reruns or reproduction
+trials where they exist, else the best configuration tried (grouped by everything but the seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from algorithms import METHODS
+from tuner.config import RunConfig, trial_config
+from tuner.data.partition import parse_partition
+from tuner.errors import UserError
+
+PAPER_TABLES = Path(__file__).resolve().parents[1] / "results" / "paper_tables.csv"
+DATASET_LABELS = {
+    "fmnist": "FMNIST", "mnist": "MNIST", "emnist": "EMNIST", "cifar10": "Cifar10", "cifar100": "Cifar100",
+    "tinyimagenet": "TinyImageNet", "cinic10": "CINIC10", "agnews": "AGNews", "har": "HAR", "digits": "Digits",
+}  # fmt: skip
+PATHOLOGICAL_CLASSES = {"MNIST": 2, "FMNIST": 2, "Cifar10": 2, "Cifar100": 10, "TinyImageNet": 20}  # GPFL/FedCP §4
+PLUMBING = ("seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
+FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
+
+
+# --- collecting
+def find_runs(paths: list[Path]) -> list[dict]:
+    """Every run under `paths`: its stage, its RunConfig and its per-round rows."""
+    runs = []
+    for root in paths:
+        if not root.exists():
+            raise UserError(f"{root} does not exist; name a run directory, a sweep or a folder holding them.")
+        for config in sorted(root.rglob("config.yaml")):
+            metrics = config.parent / "metrics.parquet"
+            if metrics.exists():
+                cfg = RunConfig(**yaml.safe_load(config.read_text()))
+                runs.append({"run": str(config.parent), "stage": "run", "experiment": "", "config": cfg, "rows": pd.read_parquet(metrics)})
+        for experiment in sorted(root.rglob("experiment.yaml")):
+            info = yaml.safe_load(experiment.read_text())
+            for params in sorted(experiment.parent.glob("*/params.json")):
+                rows = _trial_rows(params.parent / "result.json")
+                if rows.empty:
+                    continue
+                cfg = trial_config(info["settings"], json.loads(params.read_text()))
+                runs.append({"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "config": cfg, "rows": rows,
+                             "searched": list(json.loads(params.read_text())) if info["stage"] == "search" else []})  # fmt: skip
+    if not runs:
+        raise UserError(f"No runs found under {', '.join(map(str, paths))}; point at `tuner run` or `tuner sweep` results.")
+    return runs
+
+
+def _trial_rows(result_json: Path) -> pd.DataFrame:
+    if not result_json.exists():
+        return pd.DataFrame()
+    rows = [json.loads(line) for line in result_json.read_text().splitlines() if line.strip()]
+    df = pd.DataFrame(rows)
+    if df.empty or "round" not in df:
+        return pd.DataFrame()
+    return df.drop_duplicates("round", keep="last").sort_values("round").reset_index(drop=True)  # a resumed trial repeats rounds
+
+
+def config_key(cfg: RunConfig) -> str:
+    """Identifies a configuration across seeds."""
+    d = {k: v for k, v in asdict(cfg).items() if k not in PLUMBING}
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def summarize(run: dict, select: str) -> dict:
+    cfg, rows = run["config"], run["rows"]
+    evals = rows[rows["acc"].notna()] if "acc" in rows else rows.iloc[0:0]
+    out = {
+        "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
+        "title": METHODS[cfg.method].title, "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
+        "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
+        "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()),
+        "config_key": config_key(cfg), "failed": _failure(rows), "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        **{f"hp_{k}": v for k, v in cfg.hparams.items()},
+    }  # fmt: skip
+    if evals.empty or (select == "val" and ("val_acc" not in evals or evals["val_acc"].isna().all())):
+        return out | {"best_acc": math.nan, "best_round": math.nan, "selected_acc": math.nan}
+    chosen = evals.loc[evals["acc" if select == "test" else "val_acc"].idxmax()]
+    return out | {
+        "best_acc": float(evals["acc"].max()), "best_round": int(chosen["round"]), "selected_acc": float(chosen["acc"]),
+        "acc_std": float(chosen.get("acc_std", math.nan)), "acc_cv": float(chosen.get("acc_cv", math.nan)),
+        "final_acc": float(evals["acc"].iloc[-1]),
+    }  # fmt: skip
+
+
+def _failure(rows: pd.DataFrame) -> str:
+    if "failed" not in rows:
+        return ""
+    reasons = rows["failed"].dropna()
+    return str(reasons.iloc[-1]) if len(reasons) else ""
+
+
+# --- the papers' tables
+def paper_cell(cfg: RunConfig) -> dict | None:
+    """The paper-table coordinates of a run's setting, or None for a setting no paper reports."""
+    dataset = DATASET_LABELS.get(cfg.dataset)
+    kind, value = parse_partition(cfg.partition)
+    if kind == "pat":
+        if PATHOLOGICAL_CLASSES.get(dataset) != value:
+            return None
+        setting, beta = "pathological", math.nan
+    elif kind == "dir":
+        setting, beta = "practical", float(value)
+    elif kind == "pac":
+        setting, beta = f"dominant_s{value:g}", math.nan
+    else:
+        return None
+    return {"dataset": dataset, "setting": setting, "beta": beta, "backbone": cfg.backbone, "num_clients": cfg.clients, "join_ratio": _ratio(cfg.join_ratio)}
+
+
+def _ratio(text) -> str:
+    return "-".join(f"{float(x):g}" for x in str(text).split("-"))
+
+
+def load_paper_tables(path: Path = PAPER_TABLES) -> pd.DataFrame:
+    paper = pd.read_csv(path)
+    paper["join_ratio"] = paper["join_ratio"].map(_ratio)
+    paper["kind"] = paper["setting"].str.split("_").str[0].where(~paper["setting"].str.startswith("dominant"), paper["setting"])
+    return paper
+
+
+def column_label(col, multi_backbone: bool) -> str:
+    label = f"{col.dataset} {col.setting}"
+    if col.setting.startswith("practical") and col.beta_key >= 0:
+        label += f" β={col.beta_key:g}"
+    if col.num_clients != 20 and "_N" not in col.setting:
+        label += f" N={col.num_clients} ρ={col.join_ratio}"
+    return label + (f" ({col.backbone})" if multi_backbone else "")
+
+
+COLUMN = ["setting", "dataset", "backbone", "num_clients", "join_ratio", "beta_key"]
+
+
+def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """One row per (table, column, method): ours (mean ± std over seeds, n, rounds) beside the published number."""
+    ours = summaries[summaries["selected_acc"].notna() & summaries["cell"].notna()]
+    if ours.empty:
+        return pd.DataFrame()
+    cells = pd.DataFrame([{**c, "kind": c["setting"], "beta_key": -1.0 if math.isnan(c["beta"]) else c["beta"], "index": i}
+                          for i, c in ours["cell"].items()]).drop(columns=["setting", "beta"])  # fmt: skip
+    paper = paper.assign(beta_key=paper["beta"].fillna(-1.0))
+    matched = paper[["paper", "table", "kind", *COLUMN]].drop_duplicates().merge(cells, on=["dataset", "kind", "backbone", "num_clients", "join_ratio", "beta_key"])
+    out = []
+    for (paper_name, table), hits in matched.groupby(["paper", "table"], sort=False):
+        rows = paper[(paper["paper"] == paper_name) & (paper["table"] == table)]
+        backbones = rows.groupby(["dataset", "setting"])["backbone"].nunique()
+        for col, published in rows.groupby(COLUMN, sort=False):
+            col = pd.Series(dict(zip(COLUMN, col)))
+            label = column_label(col, backbones[(col.dataset, col.setting)] > 1)
+            mine = ours.loc[hits.loc[(hits[COLUMN] == col.values).all(axis=1), "index"]]
+            by_title = dict(zip(published["method"], zip(published["mean"], published["std"])))
+            if paper_name == "FedPAC-replication":  # the report's own run of FedPAC
+                mine = mine.assign(title=mine["title"].replace({"FedPAC": "FedPAC-replicated"}))
+            extras = sorted(set(mine["title"]) - set(by_title)) if _main_table(paper_name, table) else []
+            extras = [t for t in extras if "-" not in _name(t)]  # baselines beside a main table, never stray ablations
+            for title in list(by_title) + extras:
+                paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))
+                out.append({"paper": paper_name, "table": table, "column": label, "method": title,
+                            **_cell(mine[mine["title"] == title]), "paper_mean": paper_mean, "paper_std": paper_std})  # fmt: skip
+    df = pd.DataFrame(out)
+    df["difference"] = df["ours_mean"] - df["paper_mean"]
+    return df
+
+
+def _main_table(paper_name: str, table: str) -> bool:
+    return paper_name in ("GPFL", "FedCP", "FedPAC") and "-" not in table
+
+
+def _name(title: str) -> str:
+    return next((name for name, cls in METHODS.items() if cls.title == title), title)
+
+
+def _cell(runs: pd.DataFrame) -> dict:
+    """Mean ± std over seeds of the runs that stand for one method in one cell."""
+    if runs.empty:
+        return {"ours_mean": math.nan, "ours_std": math.nan, "seeds": 0, "rounds": 0}
+    final = runs[runs["stage"].isin(FINAL_STAGES)]
+    if final.empty:  # the best configuration tried, over its seeds
+        groups = runs.groupby("config_key")["selected_acc"].mean()
+        final = runs[runs["config_key"] == groups.idxmax()]
+    else:
+        groups = final.groupby("config_key")["selected_acc"].mean()
+        final = final[final["config_key"] == groups.idxmax()]
+    acc = 100 * final["selected_acc"].to_numpy()
+    return {"ours_mean": float(acc.mean()), "ours_std": float(acc.std()), "seeds": len(acc), "rounds": int(final["rounds_run"].max())}
+
+
+def wide_table(t: pd.DataFrame, compact: bool = False) -> pd.DataFrame:
+    """Rows are methods, columns (setting, ours | paper | Δ); compact (for the console) keeps only what we ran."""
+    if compact:
+        t = t[t["column"].isin(t.loc[t["seeds"] > 0, "column"]) & t["method"].isin(t.loc[t["seeds"] > 0, "method"])]
+    wide = {}
+    for _, r in t.iterrows():
+        row = wide.setdefault(r["method"], {})
+        if math.isnan(r["ours_mean"]):
+            ours = "—"
+        elif compact:
+            ours = f"{r['ours_mean']:.2f}" + (f"±{r['ours_std']:.2f}" if r["seeds"] > 1 else "") + f" [{r['seeds']}×{r['rounds']}r]"
+        else:
+            ours = f"{r['ours_mean']:.2f} ± {r['ours_std']:.2f} (n={r['seeds']}, {r['rounds']} r)"
+        row[(r["column"], "ours")] = ours
+        row[(r["column"], "paper")] = "—" if math.isnan(r["paper_mean"]) else f"{r['paper_mean']:.2f}"
+        row[(r["column"], "Δ")] = "" if math.isnan(r["difference"]) else f"{r['difference']:+.2f}"
+    frame = pd.DataFrame.from_dict(wide, orient="index")
+    frame = frame.fillna({c: "" if c[1] == "Δ" else "—" for c in frame.columns})
+    frame.columns = pd.MultiIndex.from_tuples(frame.columns)
+    frame.index.name = "method"
+    return frame
+
+
+def render(tables: pd.DataFrame, fmt: str) -> str:
+    """Markdown or LaTeX, one table per paper table, laid out as the paper's."""
+    parts = []
+    for (paper_name, table), t in tables.groupby(["paper", "table"], sort=False):
+        frame = wide_table(t)
+        if fmt == "markdown":
+            frame.columns = [f"{c} {k}" for c, k in frame.columns]
+            parts.append(f"### {paper_name} {table}\n\n{frame.to_markdown()}\n")
+        else:
+            latex = frame.to_latex(caption=f"{paper_name} {table}", multicolumn_format="c")
+            for text, tex in (("_", r"\_"), ("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
+                latex = latex.replace(text, tex)
+            parts.append(latex)
+    return "\n".join(parts)
+
+
+# --- plots
+def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
+    """Accuracy per round of the best run of each method, one figure per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    ok = summaries[summaries["selected_acc"].notna()]
+    for (dataset, partition, clients), group in ok.groupby(["dataset", "partition", "clients"]):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for title, by_method in group.groupby("title"):
+            best = by_method.loc[by_method["selected_acc"].idxmax()]
+            rows = runs[best.name]["rows"]
+            rows = rows[rows["acc"].notna()]
+            ax.plot(rows["round"], 100 * rows["acc"], label=f"{title} ({100 * best['selected_acc']:.2f})")
+        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{dataset} {partition}, {clients} clients")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        path = out / f"curves-{dataset}-{partition.replace(':', '')}-{clients}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
+    """For each sweep, every searched setting against the selected accuracy of its trials."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    search = summaries[summaries["stage"] == "search"]
+    for experiment, trials in search.groupby("experiment"):
+        names = runs[trials.index[0]]["searched"]
+        values = {n: [_value(runs[i]["config"], n) for i in trials.index] for n in names}
+        fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+        for ax, name in zip(axes[0], names):
+            xs = values[name]
+            numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+            ax.scatter(xs if numeric else [str(x) for x in xs], 100 * trials["selected_acc"], alpha=0.7)
+            if numeric and min(xs) > 0 and max(xs) / min(xs) > 20:
+                ax.set_xscale("log")
+            ax.set(xlabel=name, ylabel="selected test accuracy (%)")
+            ax.grid(alpha=0.3)
+        name = Path(experiment).parent.name
+        fig.suptitle(f"sweep {name}")
+        fig.tight_layout()
+        path = out / f"sweep-{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def _value(cfg: RunConfig, name: str):
+    return cfg.hparams[name] if name in cfg.hparams else getattr(cfg, name)
+
+
+# --- the whole report
+def report(paths: list[Path], out: Path, select: str = "test") -> dict:
+    if select not in ("test", "val"):
+        raise UserError(f"--select must be test or val, not {select!r}.")
+    runs = find_runs(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
+    per_round.drop(columns=[c for c in per_round if c.startswith("config/") or c in ("config",)], inplace=True)
+    summaries = pd.DataFrame([summarize(r, select) for r in runs])
+    summaries["cell"] = [paper_cell(r["config"]) for r in runs]
+    tables = paper_tables(summaries, load_paper_tables())
+    per_round.to_parquet(out / "rounds.parquet", index=False)
+    summaries.drop(columns="cell").to_parquet(out / "runs.parquet", index=False)
+    written = [out / "rounds.parquet", out / "runs.parquet"]
+    note = f"Selected by {'best test accuracy over rounds (the papers)' if select == 'test' else 'test accuracy at the best validation round'}.\n\n"
+    if not tables.empty:
+        tables.to_parquet(out / "tables.parquet", index=False)
+        (out / "tables.md").write_text(note + render(tables, "markdown"))
+        (out / "tables.tex").write_text(render(tables, "latex"))
+        written += [out / "tables.parquet", out / "tables.md", out / "tables.tex"]
+    written += plot_curves(runs, summaries, out) + plot_sweeps(runs, summaries, out)
+    missing = int(summaries["selected_acc"].isna().sum())
+    return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing,
+            "tables": tables, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
+
