@@ -307,7 +307,7 @@ def report(paths: list[Path], out: Path, select: str = "test") -> dict:
     runs = find_runs(paths)
     out.mkdir(parents=True, exist_ok=True)
     per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
-    per_round.drop(columns=[c for c in per_round if c.startswith("config/") or c in ("config",)], inplace=True)
+    per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
     summaries = pd.DataFrame([summarize(r, select) for r in runs])
     summaries["cell"] = [paper_cell(r["config"]) for r in runs]
     tables = paper_tables(summaries, load_paper_tables())

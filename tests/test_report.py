@@ -1,0 +1,104 @@
+"""`tuner report`: runs and sweeps collected, the papers' tables rebuilt with mean ± std over seeds."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.config import RunConfig, apply_settings
+
+PAT = {"dataset": "fmnist", "partition": "pat:2", "clients": 20, "backbone": "cnn4", "rounds": 3}
+
+
+def rows(accs, val=None):
+    out = []
+    for i, a in enumerate(accs):
+        r = {"round": i + 1, "acc": a, "acc_std": 0.01, "acc_cv": 0.02, "train_loss": 1.0, "time_s": 2.0}
+        if val:
+            r["val_acc"] = val[i]
+        out.append(r)
+    return out
+
+
+def write_run(path, method, accs, val=None, **settings):
+    cfg = apply_settings(RunConfig(method=method), {**PAT, **settings}, "test").resolved()
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(cfg.to_yaml())
+    pd.DataFrame(rows(accs, val)).to_parquet(path / "metrics.parquet")
+
+
+def write_experiment(path, stage, settings, trials):
+    path.mkdir(parents=True)
+    (path / "experiment.yaml").write_text(yaml.safe_dump({"stage": stage, "select": "test", "settings": settings}))
+    for i, (params, result_rows) in enumerate(trials):
+        d = path / f"federated_trial_{i}"
+        d.mkdir()
+        (d / "params.json").write_text(json.dumps(params))
+        (d / "result.json").write_text("\n".join(json.dumps(r) for r in result_rows) + "\n")
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    write_run(root / "runs" / "fedper", "fedper", [0.90, 0.95, 0.94])
+    write_run(root / "runs" / "gpfl-lam0.1", "gpfl", [0.70, 0.80, 0.79], lam=0.1)
+    write_run(root / "runs" / "digits", "fedavg", [0.5, 0.6, 0.7], dataset="digits", backbone="mlp", partition="iid", clients=4)
+    base = {"method": "gpfl", **PAT}
+    resumed = rows([0.85, 0.88]) + rows([0.85, 0.88, 0.89])  # a trial resumed from round 1 repeats rounds
+    write_experiment(root / "sweeps" / "gpfl" / "search", "search", base, [({"lam": 0.01}, resumed), ({"lam": 1.0}, rows([0.6, 0.7, 0.75]))])
+    write_experiment(root / "sweeps" / "gpfl" / "seeds", "seeds", base, [({"lam": 0.01, "seed": 1}, rows([0.8, 0.9, 0.85])), ({"lam": 0.01, "seed": 2}, rows([0.8, 0.92, 0.9]))])
+    return root
+
+
+def test_report_rebuilds_the_papers_table(results, tmp_path):
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", str(results), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "7 runs (0 failed)" in res.output and "GPFL Table1" in res.output
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert len(runs) == 7 and runs["selected_acc"].notna().all()
+    per_round = pd.read_parquet(out / "rounds.parquet")
+    assert len(per_round) == 3 * 7  # the resumed trial's repeated rounds counted once
+    tables = pd.read_parquet(out / "tables.parquet")
+    cell = tables[(tables["table"] == "Table1") & (tables["paper"] == "GPFL") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    # GPFL: the seed reruns (92 and 90) stand for it, not the search trials or the worse lam=0.1 run
+    assert cell.loc["GPFL", "ours_mean"] == pytest.approx(91.0) and cell.loc["GPFL", "ours_std"] == pytest.approx(1.0)
+    assert cell.loc["GPFL", "seeds"] == 2 and cell.loc["GPFL", "paper_mean"] == 99.85
+    assert cell.loc["GPFL", "difference"] == pytest.approx(91.0 - 99.85)
+    assert cell.loc["FedPer", "ours_mean"] == pytest.approx(95.0) and cell.loc["FedPer", "seeds"] == 1
+    assert cell.loc["Ditto", "seeds"] == 0 and cell.loc["Ditto", "paper_mean"] == 99.44  # the paper's rows stay, ours blank
+    assert "Digits" not in set(tables["column"].str.split().str[0])  # no paper reports digits
+    md = (out / "tables.md").read_text()
+    assert "### GPFL Table1" in md and "91.00 ± 1.00 (n=2, 3 r)" in md and "best test accuracy" in md
+    assert "\\begin{tabular}" in (out / "tables.tex").read_text()
+    assert list(out.glob("curves-fmnist-pat2-20.png")) and list(out.glob("sweep-gpfl.png"))
+
+
+def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp_path):
+    import shutil
+
+    shutil.rmtree(results / "sweeps" / "gpfl" / "seeds")
+    CliRunner().invoke(app, ["report", str(results), "--out", str(tmp_path / "r")])
+    tables = pd.read_parquet(tmp_path / "r" / "tables.parquet")
+    gpfl = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological") & (tables["method"] == "GPFL")]
+    assert gpfl["ours_mean"].item() == pytest.approx(89.0)  # the lam=0.01 trial beats lam=1 and lam=0.1
+
+
+def test_validation_selection_reports_test_accuracy_at_the_best_validation_round(tmp_path):
+    write_run(tmp_path / "runs" / "a", "fedper", [0.90, 0.95, 0.94], val=[0.9, 0.8, 0.99], val_frac=0.1)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--select", "val"])
+    assert res.exit_code == 0, res.output
+    assert "best validation round" in res.output
+    runs = pd.read_parquet(tmp_path / "r" / "runs.parquet")
+    assert runs["selected_acc"].item() == 0.94 and runs["best_acc"].item() == 0.95 and runs["best_round"].item() == 3
+
+
+def test_report_mistakes(tmp_path):
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "No runs found" in res.output
