@@ -175,33 +175,78 @@ def sweep(
 
 @app.command()
 @user_errors
+def reproduce(
+    table: str = typer.Argument(..., help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, fedpac-table2, ... (see --help)."),
+    seeds: int = typer.Option(3, help="Seeds per cell (the papers report mean ± std over 3 or 5)."),
+    rounds: Optional[int] = typer.Option(None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."),
+    dataset: list[str] = typer.Option([], help="Only these datasets (repeatable), e.g. --dataset fmnist."),
+    method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl."),
+    patience: Optional[int] = typer.Option(None, help="Stop a run whose best round is more than this many rounds old."),
+    set_: list[str] = typer.Option([], "--set", help="Settings for every cell as name=value, e.g. eval_gap=5 or executor=sequential."),
+    storage: Path = typer.Option(Path("results/reproduce"), help="Directory for the experiment (one every node can see on a cluster)."),
+    cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per run."),
+    gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per run, fractional to share one [default: 1 if the cluster has GPUs, else 0]."),
+    max_concurrent: Optional[int] = typer.Option(None, help="At most this many runs at once."),
+    address: Optional[str] = typer.Option(None, help="Join a running Ray cluster instead of starting a local one."),
+    resume: bool = typer.Option(False, help="Continue an interrupted reproduction."),
+    verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
+):
+    """Run every cell of a paper's table that the local data allows, with several seeds, then print the table."""
+    from tuner.report import report as build_report
+    from tuner.reproduce import reproduce as run_reproduction
+    from tuner.sweep import Resources
+
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, not {seeds}.")
+    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
+    sweep_dir, skipped = run_reproduction(table, storage, res, seeds=seeds, rounds=rounds, datasets=dataset, methods=method,
+                                          patience=patience, settings=parse_set(set_), resume=resume)  # fmt: skip
+    for reason in skipped:
+        err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
+    from tuner.reproduce import TABLES
+
+    result = build_report([sweep_dir], sweep_dir / "report")
+    tables = result["tables"]
+    paper_name, table_name = TABLES[table]
+    _print_tables(tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables)
+    console.print(f"tables and plots in {sweep_dir / 'report'}")
+
+
+@app.command()
+@user_errors
 def report(
     results: list[Path] = typer.Argument(..., help="Run directories, sweeps, or folders holding them (searched recursively)."),
     out: Path = typer.Option(Path("results/report"), help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
     select: str = typer.Option("test", help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
-    from tuner.report import wide_table
     from tuner.report import report as build_report
 
     result = build_report(results, out, select)
     console.print(f"{result['runs']} runs ({result['failed']} failed); {result['note']}")
     if result["unselectable"]:
         err.print(f"{result['unselectable']} runs have no {'validation' if select == 'val' else 'test'} accuracy to select by and are left out of the tables.")
-    tables = result["tables"]
-    if tables.empty:
+    if result["tables"].empty:
         console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
-    else:
-        for (paper_name, table_name), t in tables.groupby(["paper", "table"], sort=False):
-            frame = wide_table(t, compact=True)
-            table = Table(title=escape(f"{paper_name} {table_name}: ours [seeds × rounds] beside the paper"))
-            table.add_column("method")
-            for column, part in frame.columns:
-                table.add_column(f"{column}\n{part}", justify="right")
-            for method, row in frame.iterrows():
-                table.add_row(method, *map(escape, row.tolist()))
-            console.print(table)
+    _print_tables(result["tables"])
     console.print("written: " + ", ".join(str(p) for p in result["files"]))
+
+
+def _print_tables(tables) -> None:
+    """Each paper table, only the columns and methods we ran, beside the published numbers."""
+    from tuner.report import wide_table
+
+    if tables.empty:
+        return
+    for (paper_name, table_name), t in tables.groupby(["paper", "table"], sort=False):
+        frame = wide_table(t, compact=True)
+        table = Table(title=escape(f"{paper_name} {table_name}: ours [seeds × rounds] beside the paper"))
+        table.add_column("method")
+        for column, part in frame.columns:
+            table.add_column(f"{column}\n{part}", justify="right")
+        for method, row in frame.iterrows():
+            table.add_row(method, *map(escape, row.tolist()))
+        console.print(table)
 
 
 @app.command()

@@ -238,7 +238,7 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 
 def run_stage(
     sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
-    *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1,
+    *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
     rounds: int, metric: str, resume: bool, extra: dict | None = None,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
@@ -257,7 +257,7 @@ def run_stage(
             tune_config=tune.TuneConfig(metric=metric, mode="max", search_alg=searcher, scheduler=scheduler,
                                         num_samples=samples, max_concurrent_trials=res.max_concurrent),  # fmt: skip
             run_config=tune.RunConfig(
-                name=stage, storage_path=str(sweep_dir.resolve()), stop=stopper, callbacks=[SweepProgress(samples, rounds, metric)],
+                name=stage, storage_path=str(sweep_dir.resolve()), stop=stopper, callbacks=[SweepProgress(expected or samples, rounds, metric)],
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
@@ -298,7 +298,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
         seeds_grid = run_stage(
             sweep_dir, "seeds", base, space.select, space.report_every, res,
             param_space={**best.config, "seed": tune.grid_search(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)))},
-            stopper=stoppers(space.stop.patience, None), samples=1, rounds=cfg.rounds, metric=space.metric,
+            stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds, metric=space.metric,
             resume=resume, extra={"method": space.method, "best_of": "search"},
         )  # fmt: skip
         accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
