@@ -177,3 +177,32 @@ def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
     for gpu, intervals in spans.items():  # half a GPU each: at most two trials share one at any moment
         for start, _ in intervals:
             assert sum(s <= start < e for s, e in intervals) <= 2, gpu
+
+
+def test_reproduce_lists_the_cells_the_local_data_allows():
+    from tuner.errors import UserError
+    from tuner.reproduce import cells
+
+    todo, skipped = cells("fedpac-table2")
+    assert sorted(c["method"] for c in todo) == ["fedpac", "fedpac-cc", "fedpac-fa", "fedpac-none"]
+    assert all(c["partition"] == "pac:20" and c["dataset"] == "fmnist" and (c["batch_size"], c["local_epochs"], c["lr"]) == (50, 5, 0.01) for c in todo)
+    assert any(s.startswith("Cifar10: no local data") for s in skipped)
+    todo, skipped = cells("gpfl-table1", datasets=["fmnist"], methods=["gpfl", "fedper"])
+    assert sorted((c["method"], c["partition"]) for c in todo) == [("fedper", "dir:0.1"), ("fedper", "pat:2"), ("gpfl", "dir:0.1"), ("gpfl", "pat:2")]
+    assert "Ditto: not implemented" in skipped
+    with pytest.raises(UserError, match="Unknown table 'gpfl-table9'"):
+        cells("gpfl-table9")
+
+
+def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray_local):
+    res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--method", "fedpac-none", "--rounds", "1", "--seeds", "2",
+                                   "--storage", str(tmp_path), "--set", "pac_train=40", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "FedPAC Table2-ablation" in res.output and "left out: Cifar10" in res.output
+    ts = trials(tmp_path / "fedpac-table2" / "reproduce")
+    assert sorted((t["params"]["cell"]["method"], t["params"]["seed"]) for t in ts) == [("fedpac", 0), ("fedpac", 1), ("fedpac-none", 0), ("fedpac-none", 1)]
+    import pandas as pd
+
+    tables = pd.read_parquet(tmp_path / "fedpac-table2" / "report" / "tables.parquet")
+    row = tables[(tables["table"] == "Table2-ablation") & (tables["method"] == "FedPAC") & (tables["column"] == "FMNIST dominant_s20")].iloc[0]
+    assert row["seeds"] == 2 and row["paper_mean"] == 91.83
