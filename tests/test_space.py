@@ -105,3 +105,8 @@ def test_every_shipped_space_loads(path):
     method = yaml.safe_load(path.read_text())["method"]
     space = load_space(path, method)
     assert space.samples >= 1 and space.search
+
+
+def test_a_variant_uses_its_methods_space():
+    space = load_space(SPACES / "fedpac-grid.yaml", "fedpac-fa")
+    assert space.method == "fedpac-fa" and space.samples == 5 and space.base_config().hparams["combine"] == "none"

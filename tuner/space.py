@@ -106,7 +106,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; a space file may hold {', '.join(TOP_KEYS)}.")
-    if data.get("method") not in (None, method):
+    if data.get("method") not in (None, method) and not method.startswith(f"{data['method']}-"):  # a variant may use its method's space
         raise UserError(f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file.")
     for key, value in (overrides or {}).items():
         if value is not None:
