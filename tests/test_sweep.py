@@ -73,13 +73,19 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
 def test_a_diverging_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, ray_local):
     space = tmp_path / "div.yaml"
     space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 1.0e+12]}"))
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
+    db = tmp_path / "study.db"
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--study-db", str(db)])
     assert res.exit_code == 0, res.output
     assert "failed" in res.output
     by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "fedavg-div" / "search")}
     failed = by_lr[1.0e12]
     assert "diverged" in failed["rows"][-1]["failed"] and (failed["dir"] / "error.txt").exists()
     assert by_lr[0.05]["rows"][-1]["round"] == 3
+    import optuna  # the study outlives Ray in SQLite
+
+    study = optuna.load_study(study_name="fedavg-div", storage=f"sqlite:///{db}")
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "FAIL"]
 
 
 def test_stopping_rules():
