@@ -145,6 +145,24 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
         assert rounds.count(1) == 1
 
 
+def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_path):
+    space = tmp_path / "term.yaml"
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 8, checkpoint_every: 2").replace("samples: 3", "samples: 2"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    experiment = tmp_path / "fedavg-term" / "search"
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(list(t["dir"].glob("checkpoint_*")) for t in (trials(experiment) if experiment.exists() else [])):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "--resume" in out and "Traceback" not in out
+    res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [8, 8]
+
+
 PLACEMENT = textwrap.dedent("""
     import json, sys
     from pathlib import Path

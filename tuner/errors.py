@@ -11,3 +11,9 @@ class DivergedError(UserError):
     """Training produced a non-finite loss; metrics written so far are kept."""
 
     exit_code = 3
+
+
+class Interrupted(UserError):
+    """Ctrl-C or SIGTERM stopped a sweep; its state is saved and --resume continues it."""
+
+    exit_code = 130

@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.config import apply_settings, trial_config
-from tuner.errors import DivergedError, UserError
+from tuner.errors import DivergedError, Interrupted, UserError
 from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
@@ -203,7 +205,8 @@ def quiet(verbose: bool) -> None:
     """Ray's and Optuna's own logging only with --verbose: the progress line says what matters."""
     if not verbose:
         warnings.filterwarnings("ignore", module="ray")
-        logging.getLogger("ray").setLevel(logging.ERROR)
+        for name in ("ray", "ray.tune", "ray.train"):  # failures reach the progress line as one sentence instead
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -219,6 +222,13 @@ def start_ray(res: Resources) -> None:
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
     except ConnectionError as e:
         raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
+    if threading.current_thread() is threading.main_thread():  # after ray.init, which installs its own handler
+        signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+
+
+def _stop_like_ctrl_c(signum, frame):
+    """SIGTERM (a scheduler's stop) ends a sweep as Ctrl-C does: Ray Tune saves the experiment's state and stops."""
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def trial_resources(res: Resources) -> dict[str, float]:
@@ -262,7 +272,14 @@ def run_stage(
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
-    return tuner.fit()
+    grid = tuner.fit()
+    unfinished = [t for t in tune.ExperimentAnalysis(str(path)).trials if t.status not in ("TERMINATED", "ERROR")]
+    if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
+        raise Interrupted(
+            f"Stopped with {len(unfinished)} trials unfinished; finished trials and checkpoints are in {path}. "
+            "Run the same command with --resume to continue."
+        )
+    return grid
 
 
 def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resume: bool = False, study_db: Path | None = None) -> dict:
