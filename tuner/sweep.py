@@ -294,17 +294,18 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
         raise UserError(f"{sweep_dir} holds no sweep to resume; drop --resume to start it.")
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
-    storage = None
-    if study_db is not None:
-        storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}")
-    searcher = OptunaSearch(
-        space=space.search, metric=space.metric, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage, study_name=sweep_dir.name,
-        points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
-    )  # fmt: skip
+    restoring = resume and tune.Tuner.can_restore(str(search_dir))
+    searcher = None
+    if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
+        storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}") if study_db else None
+        searcher = OptunaSearch(
+            space=space.search, metric=space.metric, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
+            study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
+        )  # fmt: skip
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
         searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
-        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=resume,
+        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=restoring,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
     best = _best(grid, space.metric)
