@@ -179,21 +179,27 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML file holding one mapping; every way it can be wrong is one sentence naming the file."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"Config file {p} does not exist.")
+        raise UserError(f"{what} {p} does not exist.")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"Config file {p} is not valid YAML{where}; fix its syntax.") from None
+        raise UserError(f"{what} {p} is not valid YAML{where}; fix its syntax.") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"Config file {p} must hold a mapping of name: value pairs.")
+        raise UserError(f"{what} {p} must hold a mapping of name: value pairs.")
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    data = read_mapping(path, "Config file")
     hp = data.pop("hparams", None) or {}
     if not isinstance(hp, dict):
-        raise UserError(f"Config file {p}: 'hparams' must be a mapping.")
+        raise UserError(f"Config file {path}: 'hparams' must be a mapping.")
     return {**data, **hp}

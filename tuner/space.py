@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
-from tuner.config import RunConfig, apply_settings
+from tuner.config import RunConfig, apply_settings, read_mapping
 from tuner.errors import UserError
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
@@ -102,7 +101,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed settings."""
     p = Path(path)
     where = str(p)
-    data = load_yaml_mapping(p)
+    data = read_mapping(p, "Space file")
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; a space file may hold {', '.join(TOP_KEYS)}.")
@@ -148,19 +147,6 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
     return space
-
-
-def load_yaml_mapping(p: Path) -> dict[str, Any]:
-    if not p.exists():
-        raise UserError(f"Space file {p} does not exist; see search_spaces/ for examples.")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UserError(f"Space file {p} is not valid YAML{f' at line {mark.line + 1}' if mark else ''}; fix its syntax.") from None
-    if not isinstance(data, dict):
-        raise UserError(f"Space file {p} must be a mapping with at least a 'search' key.")
-    return data
 
 
 def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
