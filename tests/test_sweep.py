@@ -230,3 +230,10 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
     tables = pd.read_parquet(tmp_path / "fedpac-table2" / "report" / "tables.parquet")
     row = tables[(tables["table"] == "Table2-ablation") & (tables["method"] == "FedPAC") & (tables["column"] == "FMNIST dominant_s20")].iloc[0]
     assert row["seeds"] == 2 and row["paper_mean"] == 91.83
+
+
+def test_an_unreachable_cluster_is_one_sentence(tmp_path):
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY)
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"])
+    assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output

@@ -99,6 +99,10 @@ def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
 
 def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> Space:
     """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed settings."""
+    from algorithms import METHODS
+
+    if method not in METHODS:
+        raise UserError(f"Unknown method '{method}'; choose one of {', '.join(METHODS)}.")
     p = Path(path)
     where = str(p)
     data = read_mapping(p, "Space file")

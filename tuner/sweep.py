@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import tempfile
 import threading
 import warnings
@@ -217,6 +218,7 @@ def start_ray(res: Resources) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    _check_reachable(res.address)
     try:
         ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
@@ -224,6 +226,17 @@ def start_ray(res: Resources) -> None:
         raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
     if threading.current_thread() is threading.main_thread():  # after ray.init, which installs its own handler
         signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+
+
+def _check_reachable(address: str | None) -> None:
+    """ray.init retries an unreachable head for minutes; a plain TCP connect says so in seconds."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or address, int(port or 6379)), timeout=5).close()
+    except (OSError, ValueError):
+        raise UserError(f"No Ray cluster answers at {address}; start one with `ray start --head` there, or fix --address.") from None
 
 
 def _stop_like_ctrl_c(signum, frame):
