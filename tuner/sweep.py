@@ -215,10 +215,10 @@ def start_ray(res: Resources) -> None:
     import ray
 
     quiet(res.verbose)
+    _check_reachable(res.address)
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    _check_reachable(res.address)
     try:
         ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
