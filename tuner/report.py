@@ -20,6 +20,7 @@ import yaml
 
 from algorithms import METHODS
 from tuner.config import RunConfig, trial_config
+from tuner.run import RunDir, selection
 from tuner.data.partition import parse_partition
 from tuner.errors import UserError
 
@@ -30,6 +31,7 @@ DATASET_LABELS = {
 }  # fmt: skip
 PATHOLOGICAL_CLASSES = {"MNIST": 2, "FMNIST": 2, "Cifar10": 2, "Cifar100": 10, "TinyImageNet": 20}  # GPFL/FedCP §4
 PLUMBING = ("seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
+METHOD_BY_TITLE = {cls.title: name for name, cls in METHODS.items()}
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
 
 
@@ -41,19 +43,18 @@ def find_runs(paths: list[Path]) -> list[dict]:
         if not root.exists():
             raise UserError(f"{root} does not exist; name a run directory, a sweep or a folder holding them.")
         for config in sorted(root.rglob("config.yaml")):
-            metrics = config.parent / "metrics.parquet"
-            if metrics.exists():
-                cfg = RunConfig(**yaml.safe_load(config.read_text()))
-                runs.append({"run": str(config.parent), "stage": "run", "experiment": "", "config": cfg, "rows": pd.read_parquet(metrics)})
+            run_dir = RunDir(config.parent)
+            if run_dir.metrics.exists():
+                runs.append({"run": str(run_dir.path), "stage": "run", "experiment": "", "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})
         for experiment in sorted(root.rglob("experiment.yaml")):
             info = yaml.safe_load(experiment.read_text())
             for params in sorted(experiment.parent.glob("*/params.json")):
                 rows = _trial_rows(params.parent / "result.json")
                 if rows.empty:
                     continue
-                cfg = trial_config(info["settings"], json.loads(params.read_text()))
-                runs.append({"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "config": cfg, "rows": rows,
-                             "searched": list(json.loads(params.read_text())) if info["stage"] == "search" else []})  # fmt: skip
+                sampled = json.loads(params.read_text())
+                runs.append({"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows,
+                             "config": trial_config(info["settings"], sampled), "searched": list(sampled) if info["stage"] == "search" else []})  # fmt: skip
     if not runs:
         raise UserError(f"No runs found under {', '.join(map(str, paths))}; point at `tuner run` or `tuner sweep` results.")
     return runs
@@ -86,13 +87,13 @@ def summarize(run: dict, select: str) -> dict:
         "config_key": config_key(cfg), "failed": _failure(rows), "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }  # fmt: skip
-    if evals.empty or (select == "val" and ("val_acc" not in evals or evals["val_acc"].isna().all())):
+    chosen = selection(rows.to_dict("records"), select)
+    if math.isnan(chosen["selected_acc"]):
         return out | {"best_acc": math.nan, "best_round": math.nan, "selected_acc": math.nan}
-    chosen = evals.loc[evals["acc" if select == "test" else "val_acc"].idxmax()]
+    at = evals[evals["round"] == chosen["best_round"]].iloc[0]
     return out | {
-        "best_acc": float(evals["acc"].max()), "best_round": int(chosen["round"]), "selected_acc": float(chosen["acc"]),
-        "acc_std": float(chosen.get("acc_std", math.nan)), "acc_cv": float(chosen.get("acc_cv", math.nan)),
-        "final_acc": float(evals["acc"].iloc[-1]),
+        "best_acc": chosen["best_acc"], "best_round": int(chosen["best_round"]), "selected_acc": chosen["selected_acc"],
+        "acc_std": float(at.get("acc_std", math.nan)), "acc_cv": float(at.get("acc_cv", math.nan)), "final_acc": float(evals["acc"].iloc[-1]),
     }  # fmt: skip
 
 
@@ -165,7 +166,7 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
             if paper_name == "FedPAC-replication":  # the report's own run of FedPAC
                 mine = mine.assign(title=mine["title"].replace({"FedPAC": "FedPAC-replicated"}))
             extras = sorted(set(mine["title"]) - set(by_title)) if _main_table(paper_name, table) else []
-            extras = [t for t in extras if "-" not in _name(t)]  # baselines beside a main table, never stray ablations
+            extras = [t for t in extras if "-" not in METHOD_BY_TITLE[t]]  # baselines beside a main table, never stray ablations
             for title in list(by_title) + extras:
                 paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))
                 out.append({"paper": paper_name, "table": table, "column": label, "method": title,
@@ -177,10 +178,6 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
 
 def _main_table(paper_name: str, table: str) -> bool:
     return paper_name in ("GPFL", "FedCP", "FedPAC") and "-" not in table
-
-
-def _name(title: str) -> str:
-    return next((name for name, cls in METHODS.items() if cls.title == title), title)
 
 
 def _cell(runs: pd.DataFrame) -> dict:

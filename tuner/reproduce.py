@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from algorithms import METHODS
 from tuner.errors import UserError
-from tuner.report import DATASET_LABELS, PATHOLOGICAL_CLASSES, load_paper_tables
+from tuner.report import DATASET_LABELS, METHOD_BY_TITLE, PATHOLOGICAL_CLASSES, load_paper_tables
 
 TABLES = {
     "gpfl-table1": ("GPFL", "Table1"),
@@ -27,7 +26,7 @@ TABLES = {
 }
 PAPER_ROUNDS = {"GPFL": 2000, "FedCP": 2000, "FedPAC": 200, "FedPAC-replication": 200}
 DATASET_NAMES = {label: name for name, label in DATASET_LABELS.items()}
-TITLES = {cls.title: name for name, cls in METHODS.items()} | {"FedPAC-replicated": "fedpac"}
+TITLES = METHOD_BY_TITLE | {"FedPAC-replicated": "fedpac"}
 
 
 def protocol(paper: str, dataset: str) -> dict:

@@ -7,6 +7,7 @@ rounds and at the end), so a stopped run resumes exactly and a diverging one kee
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -74,6 +75,20 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
     )  # fmt: skip
     return Simulation(method, data, settings)
+
+
+def selection(history: list[dict], select: str) -> dict[str, float]:
+    """Best-so-far figures of a run's rows: test accuracy at the round chosen by `select`
+    (best test accuracy, or best validation accuracy); rounds without evaluation are skipped."""
+    scored = lambda key: [h for h in history if h.get(key) is not None and not math.isnan(h[key])]  # noqa: E731
+    evals, ranked = scored("acc"), scored("acc" if select == "test" else "val_acc")
+    out = {"best_acc": max((h["acc"] for h in evals), default=math.nan), "selected_acc": math.nan, "best_round": math.nan}
+    if ranked:
+        chosen = max(ranked, key=lambda h: h["acc" if select == "test" else "val_acc"])
+        out |= {"selected_acc": chosen["acc"], "best_round": chosen["round"]}
+    if scored("val_acc"):
+        out["best_val_acc"] = max(h["val_acc"] for h in scored("val_acc"))
+    return out
 
 
 class RunDir:

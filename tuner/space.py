@@ -219,8 +219,9 @@ def _check(space: Space, base: RunConfig) -> None:
         raise UserError(f"{where}: the grid sampler needs every distribution to be a grid, but search.{other} is not.")
     if space.select not in SELECTS:
         raise UserError(f"{where}: select must be test or val, not {space.select!r}.")
-    if space.stop.grace is not None and space.stop.grace > base.resolved().rounds:
-        raise UserError(f"{where}: stop.grace ({space.stop.grace}) exceeds the run's {base.resolved().rounds} rounds.")
+    rounds = base.resolved().rounds
+    if space.stop.grace is not None and space.stop.grace > rounds:
+        raise UserError(f"{where}: stop.grace ({space.stop.grace}) exceeds the run's {rounds} rounds.")
     if space.sampler == "grid":
         space.samples = space.grid_points()
 

@@ -32,6 +32,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.config import apply_settings, trial_config
+from tuner.run import selection
 from tuner.errors import DivergedError, Interrupted, UserError
 from tuner.space import Space
 
@@ -40,19 +41,6 @@ CHECKPOINT_FILE = "simulation.pt"
 
 
 # --- one trial
-def selection(history: list[dict], select: str) -> dict[str, float]:
-    """Best-so-far figures: test accuracy at the round chosen by `select` (best test, or best validation)."""
-    evals = [h for h in history if "acc" in h]
-    if not evals:
-        return {"best_acc": math.nan, "selected_acc": math.nan, "best_round": 0}
-    key = "acc" if select == "test" else "val_acc"
-    chosen = max(evals, key=lambda h: h[key])
-    out = {"best_acc": max(h["acc"] for h in evals), "selected_acc": chosen["acc"], "best_round": chosen["round"]}
-    if "val_acc" in evals[0]:
-        out["best_val_acc"] = max(h["val_acc"] for h in evals)
-    return out
-
-
 def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int) -> None:
     """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole."""
     import ray
@@ -78,11 +66,11 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         except DivergedError as e:
             tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, "failed": str(e)})
             raise
-        last = sim.round == cfg.rounds
-        if not (last or sim.round % report_every == 0 or sim.round % cfg.checkpoint_every == 0):
+        checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
+        if not (checkpoint_due or sim.round % report_every == 0):
             continue
         metrics = {**placement, **row, **selection(sim.history, select)}
-        if last or sim.round % cfg.checkpoint_every == 0:
+        if checkpoint_due:
             with tempfile.TemporaryDirectory() as d:
                 torch.save(sim.state_dict(), Path(d) / CHECKPOINT_FILE)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
