@@ -140,3 +140,37 @@ def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path):
     rows = pd.read_parquet(out / "metrics.parquet")
     assert len(rows) >= 1 and list(rows["round"]) == list(range(1, len(rows) + 1))
     assert not os.path.exists(out / "checkpoint.pt.tmp")
+
+
+@pytest.fixture(params=["relative", "home"])
+def where(request, tmp_path, monkeypatch):
+    """Paths as a user types them: relative to the working directory, or under `~`; returns (prefix, folder it means)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    return ("", work) if request.param == "relative" else ("~/", home)
+
+
+def test_path_flags_of_run_report_and_data_show(where):
+    prefix, folder = where
+    (folder / "cfg.yaml").write_text("dataset: digits\npartition: iid\nclients: 4\nrounds: 2\n")
+    res = invoke("run", "fedavg", "--config", f"{prefix}cfg.yaml", "--out", f"{prefix}runs/a")
+    assert res.exit_code == 0, res.output
+    res = invoke("run", "fedavg", "--resume", "--out", f"{prefix}runs/a", "--rounds", "3")
+    assert res.exit_code == 0, res.output
+    assert list(pd.read_parquet(folder / "runs" / "a" / "metrics.parquet")["round"]) == [1, 2, 3]
+    res = invoke("report", f"{prefix}runs", "--out", f"{prefix}report")
+    assert res.exit_code == 0, res.output
+    assert pd.read_parquet(folder / "report" / "runs.parquet")["rounds_run"].tolist() == [3]
+    res = invoke("data", "show", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--out", f"{prefix}p.png")
+    assert res.exit_code == 0 and (folder / "p.png").exists(), res.output
+    res = invoke("run", "fedavg", *DIGITS, "--rounds", "1", "--set", f"data_dir={prefix}data", "--out", f"{prefix}runs/b")
+    assert res.exit_code == 0 and yaml.safe_load((folder / "runs" / "b" / "config.yaml").read_text())["data_dir"] == str(folder / "data")
+
+
+def test_more_clients_than_batches_is_one_sentence(tmp_path):
+    res = invoke("run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "5000", "--rounds", "1", "--out", str(tmp_path))
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "without one training batch of 10" in " ".join(res.output.split())

@@ -102,3 +102,21 @@ def test_report_mistakes(tmp_path):
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "No runs found" in res.output
+
+
+def test_a_sweep_no_paper_reports_still_gets_its_tables_plots_and_best_configuration(tmp_path):
+    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "backbone": "mlp", "rounds": 3}
+    sweep = tmp_path / "mine"
+    write_experiment(sweep / "search", "search", base, [({"lr": 0.01}, rows([0.5, 0.6, 0.7])), ({"lr": 0.1}, rows([0.6, 0.8, 0.75])),
+                                                        ({"lr": 0.3}, rows([0.4]))])  # fmt: skip
+    write_experiment(sweep / "seeds", "seeds", base, [({"lr": 0.1, "seed": 1}, rows([0.7, 0.8, 0.9])), ({"lr": 0.1, "seed": 2}, rows([0.6, 0.7, 0.7]))])
+    res = CliRunner().invoke(app, ["report", str(sweep), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert "None of these runs is in a setting of the papers' tables" in " ".join(res.output.split())
+    assert not (tmp_path / "r" / "tables.parquet").exists()
+    best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
+    assert (best["sweep"], best["trials"], best["stopped_early"], best["config"]) == ("mine", 3, 1, "lr=0.1")
+    assert best["selected_acc"] == 0.8 and best["best_round"] == 2
+    assert best["seeds"] == 2 and best["seeds_mean"] == pytest.approx(0.8) and best["seeds_std"] == pytest.approx(0.1)
+    assert "lr=0.1" in (tmp_path / "r" / "best.md").read_text()
+    assert (tmp_path / "r" / "sweep-mine.png").exists() and (tmp_path / "r" / "curves-digits-iid-4.png").exists()

@@ -220,7 +220,7 @@ def test_reproduce_lists_the_cells_the_local_data_allows():
 
 def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray_local):
     res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--method", "fedpac-none", "--rounds", "1", "--seeds", "2",
-                                   "--storage", str(tmp_path), "--set", "pac_train=40", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
+                                   "--storage", str(tmp_path), "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "FedPAC Table2-ablation" in res.output and "left out: Cifar10" in res.output
     ts = trials(tmp_path / "fedpac-table2" / "reproduce")
@@ -237,3 +237,29 @@ def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     space.write_text(TINY)
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"])
     assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
+
+
+def test_sweep_report_and_reproduce_take_relative_and_home_paths(tmp_path, monkeypatch, ray_local):
+    home, work = tmp_path / "home", tmp_path / "work"
+    for d in (home, work):
+        d.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    cases = (("", work, "group/one", "sweeps/group/one", work / "sweeps" / "group" / "one"), ("~/", home, "~/named", "~/named", home / "named"))
+    for prefix, folder, name, typed, sweep_dir in cases:  # --name is a folder under --storage, or a path of its own
+        (folder / "tiny.yaml").write_text(TINY.replace("samples: 3", "samples: 2"))
+        args = ["sweep", "fedavg", "--space", f"{prefix}tiny.yaml", "--storage", f"{prefix}sweeps", "--name", name, "--study-db", f"{prefix}study.db"]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        assert len(trials(sweep_dir / "search")) == 2 and (folder / "study.db").exists()
+        res = CliRunner().invoke(app, [*args, "--resume"])  # a finished sweep restores and reports again
+        assert res.exit_code == 0 and len(trials(sweep_dir / "search")) == 2, res.output
+        res = CliRunner().invoke(app, ["report", typed, "--out", f"{prefix}report"])
+        assert res.exit_code == 0, res.output
+        import pandas as pd
+
+        assert pd.read_parquet(folder / "report" / "best.parquet")["trials"].tolist() == [2]
+        res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--rounds", "1", "--seeds", "1", "--storage", f"{prefix}repro",
+                                       "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert len(trials(folder / "repro" / "fedpac-table2" / "reproduce")) == 1

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tuner.config import RunConfig, apply_settings, load_yaml, parse_set
+from tuner.config import RunConfig, apply_settings, load_yaml, parse_set, user_path
 from tuner.errors import UserError
 
 app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
@@ -40,6 +40,13 @@ def user_errors(fn):
     return wrapper
 
 
+def absolute(value):
+    """Typer callback for every path option: relative, absolute and `~` paths work from any directory."""
+    if value is None:
+        return None
+    return [user_path(v) for v in value] if isinstance(value, (list, tuple)) else user_path(value)
+
+
 SET_HELP = "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."
 
 
@@ -59,8 +66,8 @@ def run(
     partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet) or pac:S (FedPAC, S % uniform) [default: dir:0.1]."),
     clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20]."),
     rounds: Optional[int] = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
-    out: Path = typer.Option(Path("results/runs/latest"), help="Directory for config.yaml, metrics.parquet and checkpoint.pt."),
-    config: Optional[Path] = typer.Option(None, help="YAML file of settings (same names as --set)."),
+    out: Path = typer.Option(Path("results/runs/latest"), callback=absolute, help="Directory for config.yaml, metrics.parquet and checkpoint.pt."),
+    config: Optional[Path] = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     resume: bool = typer.Option(False, help="Continue the run in --out from its checkpoint up to --rounds."),
 ):
@@ -127,9 +134,9 @@ def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -
 @user_errors
 def sweep(
     method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`)."),
-    space: Path = typer.Option(..., help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
-    name: Optional[str] = typer.Option(None, help="Sweep name, the directory under --storage [default: METHOD-SPACE]."),
-    storage: Path = typer.Option(Path("results/sweeps"), help="Directory for the sweep; on a cluster, one every node can see."),
+    space: Path = typer.Option(..., callback=absolute, help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
+    name: Optional[str] = typer.Option(None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."),
+    storage: Path = typer.Option(Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."),
     samples: Optional[int] = typer.Option(None, help="Number of trials [default: the space's samples]."),
     sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."),
     select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
@@ -142,7 +149,7 @@ def sweep(
     gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial, fractional to share one GPU [default: 1 if the cluster has GPUs, else 0]."),
     max_concurrent: Optional[int] = typer.Option(None, help="At most this many trials at once [default: as resources allow]."),
     address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. auto, or HEAD_IP:6379) instead of starting a local one."),
-    study_db: Optional[Path] = typer.Option(None, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."),
+    study_db: Optional[Path] = typer.Option(None, callback=absolute, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."),
     resume: bool = typer.Option(False, help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume from their checkpoints."),
     verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
 ):
@@ -154,7 +161,7 @@ def sweep(
     overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds}
     sp = load_space(space, method, overrides, parse_set(set_))
     stem = space.stem
-    sweep_dir = storage / (name or (stem if stem.startswith(method) else f"{method}-{stem}"))
+    sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(method) else f"{method}-{stem}")).expanduser())
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
@@ -183,7 +190,7 @@ def reproduce(
     method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl."),
     patience: Optional[int] = typer.Option(None, help="Stop a run whose best round is more than this many rounds old."),
     set_: list[str] = typer.Option([], "--set", help="Settings for every cell as name=value, e.g. eval_gap=5 or executor=sequential."),
-    storage: Path = typer.Option(Path("results/reproduce"), help="Directory for the experiment (one every node can see on a cluster)."),
+    storage: Path = typer.Option(Path("results/reproduce"), callback=absolute, help="Directory for the experiment (one every node can see on a cluster)."),
     cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per run."),
     gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per run, fractional to share one [default: 1 if the cluster has GPUs, else 0]."),
     max_concurrent: Optional[int] = typer.Option(None, help="At most this many runs at once."),
@@ -215,8 +222,8 @@ def reproduce(
 @app.command()
 @user_errors
 def report(
-    results: list[Path] = typer.Argument(..., help="Run directories, sweeps, or folders holding them (searched recursively)."),
-    out: Path = typer.Option(Path("results/report"), help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
+    results: list[Path] = typer.Argument(..., callback=absolute, help="Run directories, sweeps, or folders holding them (searched recursively)."),
+    out: Path = typer.Option(Path("results/report"), callback=absolute, help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
     select: str = typer.Option("test", help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
@@ -229,7 +236,23 @@ def report(
     if result["tables"].empty:
         console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
     _print_tables(result["tables"])
+    _print_best(result["best"])
     console.print("written: " + ", ".join(str(p) for p in result["files"]))
+
+
+def _print_best(best) -> None:
+    """Each sweep's best configuration, as in best.md."""
+    if best.empty:
+        return
+    table = Table(title="Best configuration of each sweep")
+    for col in ("sweep", "method", "trials (failed, early)", "best configuration", "selected acc", "seed reruns"):
+        table.add_column(col)
+    missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
+    for r in best.to_dict("records"):
+        acc = "-" if missing(r.get("selected_acc")) else f"{100 * r['selected_acc']:.2f}% (round {int(r['best_round'])})"
+        seeds = "-" if missing(r.get("seeds")) else f"{100 * r['seeds_mean']:.2f} ± {100 * r['seeds_std']:.2f}% (n={int(r['seeds'])})"
+        table.add_row(r["sweep"], r["method"], f"{r['trials']} ({r['failed']}, {r['stopped_early']})", escape(str(r.get("config", "-"))), acc, seeds)
+    console.print(table)
 
 
 def _print_tables(tables) -> None:
@@ -271,7 +294,7 @@ def data_show(
     dataset: str = typer.Option("fmnist", help="Dataset name."),
     partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA or pac:S."),
     clients: int = typer.Option(20, help="Number of clients."),
-    out: Path = typer.Option(Path("partition.png"), help="PNG file to draw the partition into."),
+    out: Path = typer.Option(Path("partition.png"), callback=absolute, help="PNG file to draw the partition into."),
     set_: list[str] = typer.Option([], "--set", help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, pac_train, pac_test, data_dir."),
 ):
     """Draw a partition as the papers do (clients x classes, circle size = samples) and summarize it."""

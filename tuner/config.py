@@ -96,7 +96,8 @@ class RunConfig:
         problem = method.validate(method.Hparams(**hp))
         if problem:
             raise UserError(problem)
-        return replace(self, backbone=backbone, lr=lr, hparams=hp)
+        data_dir = str(user_path(self.data_dir)) if self.data_dir else None  # trials read it from another directory
+        return replace(self, backbone=backbone, lr=lr, hparams=hp, data_dir=data_dir)
 
     def join_range(self) -> tuple[float, float]:
         text = str(self.join_ratio)
@@ -167,6 +168,12 @@ def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
     settings = {**base, **params.get("cell", {}), **{k: v for k, v in params.items() if k != "cell"}}
     method = settings.pop("method")
     return apply_settings(RunConfig(method=method), settings, "trial").resolved()
+
+
+def user_path(path: str | Path) -> Path:
+    """A path as a user typed it, made absolute (`~` expanded) before it reaches Ray, pyarrow or a trial,
+    whose working directory is not the user's."""
+    return Path(path).expanduser().resolve()
 
 
 def parse_set(pairs: list[str]) -> dict[str, Any]:

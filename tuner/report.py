@@ -154,6 +154,8 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
                           for i, c in ours["cell"].items()]).drop(columns=["setting", "beta"])  # fmt: skip
     paper = paper.assign(beta_key=paper["beta"].fillna(-1.0))
     matched = paper[["paper", "table", "kind", *COLUMN]].drop_duplicates().merge(cells, on=["dataset", "kind", "backbone", "num_clients", "join_ratio", "beta_key"])
+    if matched.empty:  # runs of settings no paper reports: no paper table, the rest of the report stands
+        return pd.DataFrame()
     out = []
     for (paper_name, table), hits in matched.groupby(["paper", "table"], sort=False):
         rows = paper[(paper["paper"] == paper_name) & (paper["table"] == table)]
@@ -232,6 +234,41 @@ def render(tables: pd.DataFrame, fmt: str) -> str:
                 latex = latex.replace(text, tex)
             parts.append(latex)
     return "\n".join(parts)
+
+
+# --- each sweep's best configuration
+def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
+    """One row per sweep: trials run, failed and stopped early, the best trial's searched values and
+    figures, and the mean ± std of its seed reruns where the sweep made them."""
+    out = []
+    search = summaries[summaries["stage"] == "search"]
+    for experiment, trials in search.groupby("experiment", sort=True):
+        sweep_dir = Path(experiment).parent
+        scored = trials[trials["selected_acc"].notna()]
+        row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["method"].iloc[0], "trials": len(trials),
+               "failed": int((trials["failed"] != "").sum()), "stopped_early": int((trials["rounds_run"] < trials["rounds_planned"]).sum())}  # fmt: skip
+        if not scored.empty:
+            best = scored.loc[scored["selected_acc"].idxmax()]
+            cfg = runs[best.name]["config"]
+            row |= {"selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
+                    "config": ", ".join(f"{n}={_short(_value(cfg, n))}" for n in runs[best.name]["searched"])}  # fmt: skip
+        seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]["selected_acc"].dropna()
+        if len(seeds):
+            row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def best_markdown(best: pd.DataFrame) -> str:
+    shown = best.drop(columns=["path"]).copy()
+    for col in ("selected_acc", "seeds_mean", "seeds_std"):
+        if col in shown:
+            shown[col] = (100 * shown[col]).round(2)
+    return shown.to_markdown(index=False)
 
 
 # --- plots
@@ -317,8 +354,13 @@ def report(paths: list[Path], out: Path, select: str = "test") -> dict:
         (out / "tables.md").write_text(note + render(tables, "markdown"))
         (out / "tables.tex").write_text(render(tables, "latex"))
         written += [out / "tables.parquet", out / "tables.md", out / "tables.tex"]
+    best = best_configs(runs, summaries)
+    if not best.empty:
+        best.to_parquet(out / "best.parquet", index=False)
+        (out / "best.md").write_text(note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
+        written += [out / "best.parquet", out / "best.md"]
     written += plot_curves(runs, summaries, out) + plot_sweeps(runs, summaries, out)
     missing = int(summaries["selected_acc"].isna().sum())
     return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing,
-            "tables": tables, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
+            "tables": tables, "best": best, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
 

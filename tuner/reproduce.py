@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.config import user_path
 from tuner.errors import UserError
 from tuner.report import DATASET_LABELS, METHOD_BY_TITLE, PATHOLOGICAL_CLASSES, load_paper_tables
 
@@ -96,7 +97,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
         raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
     paper_name = TABLES[table][0]
     rounds = rounds or PAPER_ROUNDS[paper_name]
-    sweep_dir = storage / table
+    sweep_dir = user_path(storage) / table  # absolute before Ray sees it
     if not resume and (sweep_dir / "reproduce").exists():
         raise UserError(f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage.")
     base = {"rounds": rounds, **(settings or {})}

@@ -60,10 +60,22 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
     return build(ds, part, cfg.shift, cfg.seed, device)
 
 
+def check_batches(cfg: RunConfig, data: FederatedData) -> None:
+    """Every client trains: one full batch at least (the last partial batch is dropped, as PFLlib does)."""
+    counts = data.train.counts
+    short = [i for i, n in enumerate(counts) if n < cfg.batch_size]
+    if short:
+        raise UserError(
+            f"Partition {cfg.partition} of {cfg.dataset} over {cfg.clients} clients leaves {len(short)} of them without one training "
+            f"batch of {cfg.batch_size} (client {short[0]} has {counts[short[0]]} training samples); use fewer clients or a smaller batch_size."
+        )
+
+
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
     cfg = cfg.resolved()
     device = resolve_device(cfg.device)
     data = data or build_data(cfg, device)
+    check_batches(cfg, data)
     method_cls = METHODS[cfg.method]
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes)
     with torch.random.fork_rng(devices=[]):

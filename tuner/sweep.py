@@ -31,7 +31,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.config import apply_settings, trial_config
+from tuner.config import apply_settings, trial_config, user_path
 from tuner.run import selection
 from tuner.errors import DivergedError, Interrupted, UserError
 from tuner.space import Space
@@ -268,7 +268,7 @@ def run_stage(
             tune_config=tune.TuneConfig(metric=metric, mode="max", search_alg=searcher, scheduler=scheduler,
                                         num_samples=samples, max_concurrent_trials=res.max_concurrent),  # fmt: skip
             run_config=tune.RunConfig(
-                name=stage, storage_path=str(sweep_dir.resolve()), stop=stopper, callbacks=[SweepProgress(expected or samples, rounds, metric)],
+                name=stage, storage_path=str(sweep_dir), stop=stopper, callbacks=[SweepProgress(expected or samples, rounds, metric)],
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
@@ -288,6 +288,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
     from ray.tune.search.optuna import OptunaSearch
 
     quiet(res.verbose)
+    sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
     search_dir = sweep_dir / "search"
     if not resume and search_dir.exists():
         raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")

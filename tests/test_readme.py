@@ -1,0 +1,51 @@
+"""The README's main job, run exactly as the README writes it, from a copy of the repository."""
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+LEFT_BEHIND = (".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "sweeps", "report", "reproduce", "runs")
+
+
+def readme_main_job() -> list[str]:
+    """The command lines of the README's main-job block, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("runs the main job:", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_setup_script_runs_the_readme_main_job():
+    commands = readme_main_job()
+    assert [c.split()[:2] for c in commands] == [["tuner", "sweep"], ["tuner", "report"]]
+    setup = [line.strip() for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()]
+    for command in commands:
+        assert any(line.startswith(f".venv/bin/{command}") for line in setup), command
+    assert "bash scripts/setup.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+    for command in readme_main_job():  # with the README's relative paths, from the copy as working directory
+        args = shlex.split(command)
+        res = subprocess.run([sys.executable, "-m", "tuner.cli", *args[1:]], cwd=copy, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, f"{command}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        assert "Traceback" not in res.stdout + res.stderr
+    report = copy / "results" / "report"
+    runs = pd.read_parquet(report / "runs.parquet")
+    trials = runs[runs["stage"] == "search"]
+    assert len(trials) == 8 and set(trials["method"]) == {"gpfl"} and trials["experiment"].str.startswith(str(copy)).all()
+    assert trials["selected_acc"].notna().all()
+    rounds = pd.read_parquet(report / "rounds.parquet")
+    assert set(trials["run"]) <= set(rounds["run"])
+    best = pd.read_parquet(report / "best.parquet").set_index("sweep")
+    assert best.loc["demo", "trials"] == 8 and best.loc["demo", "selected_acc"] == trials["selected_acc"].max()
+    assert (report / "sweep-demo.png").read_bytes()[:4] == b"\x89PNG"
+    assert (report / "curves-digits-dir0.1-10.png").exists()
+    tables = pd.read_parquet(report / "tables.parquet")  # the committed Fashion-MNIST reproduction beside the papers
+    assert {"GPFL", "FedPAC"} <= set(tables["paper"]) and tables["ours_mean"].notna().any()
