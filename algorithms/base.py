@@ -82,6 +82,8 @@ class Training:
     local_epochs: int
     batch_size: int
     num_classes: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
 
 
 @dataclass
@@ -98,7 +100,9 @@ class Method:
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     stats_before: ClassVar[bool] = False  # run `statistics` over the client's training data before local training
     stats_after: ClassVar[bool] = False  # ... and after it
-    run_defaults: ClassVar[dict] = {}  # the paper's own batch_size / local_epochs where they differ from the run's
+    protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
+    family: ClassVar[str] = ""  # the method a variant belongs to ("": itself)
+    fixed: ClassVar[dict] = {}  # the hyperparameters a variant fixes: its ablation, above every default
 
     def __init__(self, net: Net, training: Training, hp=None):
         self.net = net
@@ -139,8 +143,14 @@ class Method:
     def end_local(self, client: State, server: State, stats: State) -> State:
         return client
 
+    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None) -> Phase:
+        """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
+        t = self.training
+        epochs = t.local_epochs if epochs is None else epochs
+        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss)
+
     def phases(self) -> list[Phase]:
-        return [Phase(("body.", "head."), self.training.local_epochs, self.training.lr)]
+        return [self.sgd(("body.", "head."))]
 
     def loss(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.logits(state, server, x), y)
@@ -186,4 +196,5 @@ def variant(base: type[Method], title: str, **hparams) -> type[Method]:
     assert set(hparams) <= known, f"{title}: unknown hyperparameters {set(hparams) - known}"
     spec = [(f.name, f.type, field(default=hparams.get(f.name, f.default))) for f in fields(base.Hparams)]
     hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec)
-    return type(title.replace("-", "_"), (base,), {"name": title.lower(), "title": title, "Hparams": hp_cls, "__module__": base.__module__})
+    attrs = {"name": title.lower(), "title": title, "Hparams": hp_cls, "family": base.family or base.name, "fixed": {**base.fixed, **hparams}}
+    return type(title.replace("-", "_"), (base,), {**attrs, "__module__": base.__module__})

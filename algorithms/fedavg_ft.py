@@ -7,7 +7,7 @@ Prediction: the global model after `ft_epochs` epochs of local SGD on the client
 
 from dataclasses import dataclass
 
-from algorithms.base import Method, Phase
+from algorithms.base import Method
 
 
 @dataclass
@@ -21,4 +21,4 @@ class FedAvgFT(Method):
     Hparams = FedAvgFTHparams
 
     def eval_phases(self):
-        return [Phase(("body.", "head."), self.hp.ft_epochs, self.training.lr)]
+        return [self.sgd(("body.", "head."), self.hp.ft_epochs)]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, Phase, prefixed, substate, variant
+from algorithms.base import Method, prefixed, substate, variant
 
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # RBF bandwidths of the reference implementation
 
@@ -81,14 +81,17 @@ class FedCP(Method):
 
     def broadcast(self, client, server, index):
         # W_i^fe ← W^fe and Θ_i ← Θ; the personal head stays, W^hd is read from the server when needed.
-        return {**client, **{k: v for k, v in server.items() if k.startswith(("body.", "cpn."))}}
+        return {**client, **{k: v for k, v in server.items() if self._shared_each_round(k)}}
+
+    def _shared_each_round(self, key):
+        """W^fe and Θ travel whole each round; BatchNorm statistics stay with their client."""
+        return self.is_shared(key) and key.startswith(("body.", "cpn."))
 
     def begin_local(self, client, server, stats):
         return {"fedcp.v": client[self.head_weight].sum(0)}  # v_i = Σ_c w_c, constant during training
 
     def phases(self):
-        t = self.training
-        return [Phase(("body.", "head.", "cpn."), t.local_epochs, t.lr)]
+        return [self.sgd(("body.", "head.", "cpn."))]
 
     def _policy(self, state, h):
         v = state["fedcp.v"]
@@ -124,7 +127,7 @@ class FedCP(Method):
         return loss
 
     def upload(self, client, server):
-        out = {k: v for k, v in client.items() if k.startswith(("body.", "cpn."))}
+        out = {k: v for k, v in client.items() if self._shared_each_round(k)}
         if self.hp.gh:  # eq. 6: the upload head is the mean of the frozen global and the personal head
             out |= {k: (server[k] + client[k]) / 2 for k in self.net.keys(("head.",))}
         return out

@@ -5,7 +5,7 @@ client-specific combination of the cohort's heads computed on the server.
 ClientUpdate (Algorithm 1): θ_i ← θ; feature statistics μ_i, V_i before training (one pass);
 1 epoch of the head (η_g = 0.1) with θ_i frozen (eq. 15); E epochs of θ_i on
 CE + λ·(1/d)‖f(x) − c_y‖² (eqs. 3, 16; once global centroids exist) with φ_i frozen;
-then class centroids ĉ_i (eq. 17). SGD with momentum 0.5 and weight decay 5e-4.
+then class centroids ĉ_i (eq. 17). SGD with momentum 0.5 and weight decay 5e-4 (its protocol).
 Upload: θ_i, φ_i, the statistics and the centroids.
 Server: θ = sample-weighted mean (eq. 18); c_k = count-weighted mean of the ĉ_ik (eq. 19);
 for each client i, α_i solves (46): min α^T (diag(V_j/n_j) + D^(i)) α over the simplex, with
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Phase, variant, weighted_mean
+from algorithms.base import Method, variant, weighted_mean
 
 COMBINE = ("qp", "protoweights", "none")
 WEIGHTS = ("paper", "official", "pfllib")
@@ -44,8 +44,6 @@ SMALL_WEIGHT = 1e-3  # the reference implementations' cut-off
 class FedPACHparams:
     lam: float = 1.0  # λ, weight of the feature alignment (eq. 3)
     head_lr: float = 0.1  # η_g, the head's one epoch
-    momentum: float = 0.5
-    weight_decay: float = 5e-4
     combine: str = "qp"  # qp (46) | protoweights (replication report) | none
     weights: str = "paper"  # paper | official | pfllib: what happens to tiny combination weights
 
@@ -87,7 +85,7 @@ class FedPAC(Method):
     shared = ("body.",)
     stats_before = True  # μ_i, V_i with the received extractor
     stats_after = True  # centroids ĉ_i with the trained one
-    run_defaults = {"batch_size": 50, "local_epochs": 5}  # Appendix B.3
+    protocol = "fedpac"  # Appendix B.3: batch 50, E = 5, momentum 0.5, weight decay 5e-4
 
     @classmethod
     def validate(cls, hp) -> str | None:
@@ -141,9 +139,8 @@ class FedPAC(Method):
         return {"pac.sum": stats["sum"], "pac.count": stats["count"]}  # centroids ĉ_i = sum / count (eq. 17)
 
     def phases(self):
-        hp, t = self.hp, self.training
-        head = Phase(("head.",), 1, hp.head_lr, hp.momentum, hp.weight_decay, loss=self.cross_entropy)  # eq. 15
-        body = Phase(("body.",), t.local_epochs, t.lr, hp.momentum, hp.weight_decay)  # eq. 16
+        head = self.sgd(("head.",), epochs=1, lr=self.hp.head_lr, loss=self.cross_entropy)  # eq. 15
+        body = self.sgd(("body.",))  # eq. 16
         return [head, body]
 
     def cross_entropy(self, state, server, x, y):

@@ -8,7 +8,7 @@ Upload: the body. Server: sample-weighted mean. Prediction: global body + own he
 
 from dataclasses import dataclass
 
-from algorithms.base import Method, Phase
+from algorithms.base import Method
 
 
 @dataclass
@@ -23,5 +23,4 @@ class FedRep(Method):
     shared = ("body.",)
 
     def phases(self):
-        t = self.training
-        return [Phase(("head.",), self.hp.head_epochs, t.lr), Phase(("body.",), t.local_epochs, t.lr)]
+        return [self.sgd(("head.",), self.hp.head_epochs), self.sgd(("body.",))]

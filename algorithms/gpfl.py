@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, Phase, prefixed, substate, variant
+from algorithms.base import Method, prefixed, substate, variant
 
 
 @dataclass
@@ -82,8 +82,7 @@ class GPFL(Method):
         return {"gpfl.alpha": stats["labels"] / stats["labels"].sum().clamp(min=1)}  # eq. 6
 
     def phases(self):
-        t = self.training
-        return [Phase(self.shared + ("head.",), t.local_epochs, t.lr)]
+        return [self.sgd(self.shared + ("head.",))]
 
     # --- the two routes
     def _conditions(self, state, server):

@@ -26,13 +26,14 @@ def run_rounds(cfg, rounds):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
     # Two rounds: batched and single kernels round differently and some ablations amplify that ~100x a
-    # round (GPFL-noGCE: 4e-7 after one round, 3e-3 after three); real mismatches show up in round one.
+    # round (GPFL-noGCE: 4e-7 after one round, 3e-3 after three; FedCP-noSS reached 1.2e-4 on a loaded
+    # machine); real mismatches (a wrong tensor, a missed step) are 1e-2 and more.
     seq, seq_rows = run_rounds(digits(method, executor="sequential"), 2)
     vec, vec_rows = run_rounds(digits(method, executor="vectorized"), 2)
     for k in seq.clients:
-        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-3, atol=5e-4)
     for k in seq.server:
-        torch.testing.assert_close(vec.server[k], seq.server[k], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(vec.server[k], seq.server[k], rtol=1e-3, atol=5e-4)
     for a, b in zip(seq_rows, vec_rows):
         assert a["clients"] == b["clients"]
         for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):
@@ -56,6 +57,21 @@ def test_batchnorm_statistics_stay_per_client_under_both_executors():
     means = seq.clients[stats[0]]
     trained = [i for i in range(12) if means[i].abs().sum() > 0]  # statistics move only where a client trained
     assert len(trained) == 3 and not torch.equal(means[trained[0]], means[trained[1]])
+
+
+def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
+    # Equal after one round (over more steps ResNet-18 on 8x8 inputs amplifies rounding chaotically, as for
+    # FedPer); round 2 is where uploaded statistics would come back from the server and break vmap.
+    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
+    seq, _ = run_rounds(digits("fedcp", executor="sequential", **cfg), 1)
+    vec, _ = run_rounds(digits("fedcp", executor="vectorized", **cfg), 1)
+    assert_same_clients(seq, vec)
+    for sim in (seq, vec):
+        sim.step()
+        assert not [k for k in sim.server if "running_" in k or "num_batches" in k]
+        means = sim.clients["body.bn1.running_mean"]
+        trained = [i for i in range(12) if means[i].abs().sum() > 0]
+        assert len(trained) >= 4 and len({tuple(means[i].tolist()) for i in trained}) == len(trained)
 
 
 @pytest.mark.skipif(not DEBIAN_FMNIST.exists(), reason="Debian's dataset-fashion-mnist is not installed")

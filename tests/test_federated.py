@@ -14,7 +14,7 @@ PART = partition(LABELS, 10, PartitionSpec("pac", 20, clients=10, seed=0, pac_tr
 
 
 def test_client_tensors_follow_the_partition():
-    data = build(DATASET, PART, "none", 0, torch.device("cpu"))
+    data = build(DATASET, PART, "none", 0, "half", torch.device("cpu"))
     assert data.train.counts == [45] * 10 and data.val.counts == [15] * 10 and data.test.counts == [20] * 10
     x, y = data.train.client(3)
     assert torch.equal(y, torch.from_numpy(LABELS[PART.train[3]]))
@@ -24,8 +24,8 @@ def test_client_tensors_follow_the_partition():
 
 
 def test_concept_shift_permutes_labels_per_group():
-    plain = build(DATASET, PART, "none", 0, torch.device("cpu"))
-    shifted = build(DATASET, PART, "concept", 0, torch.device("cpu"))
+    plain = build(DATASET, PART, "none", 0, "half", torch.device("cpu"))
+    shifted = build(DATASET, PART, "concept", 0, "half", torch.device("cpu"))
     for i in range(10):
         a, b = plain.train.client(i)[1], shifted.train.client(i)[1]
         if PART.group[i] == 0:
@@ -40,7 +40,7 @@ def test_concept_shift_permutes_labels_per_group():
 
 
 def test_feature_skew_rotates_images_per_group():
-    data = build(DATASET, PART, "rotate", 0, torch.device("cpu"))
+    data = build(DATASET, PART, "rotate", 0, "half", torch.device("cpu"))
     for i in range(10):
         x = data.train.client(i)[0][0, 0]
         if PART.group[i] == 0:

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from tuner.errors import UserError
-from tuner.models import BACKBONES, DEFAULT_BACKBONE, build_backbone
+from tuner.defaults import paper_defaults
+from tuner.models import BACKBONES, build_backbone
 
 SHAPES = {
     "cnn4": [((1, 28, 28), 1024), ((3, 32, 32), 1600), ((3, 64, 64), 10816)],  # REFERENCE.md's flatten sizes
@@ -29,7 +30,7 @@ def test_backbones_split_into_body_and_head_with_known_k(name):
 
 
 def test_small_images_get_a_fitting_default_and_a_clear_refusal():
-    assert DEFAULT_BACKBONE["digits"] == "mlp"
+    assert paper_defaults("pfllib", "fedavg", "digits", None)["backbone"] == "mlp"
     with pytest.raises(UserError, match="cannot take inputs of shape"):
         build_backbone("cnn4", (1, 8, 8), 10)
     with pytest.raises(UserError, match="needs image inputs"):

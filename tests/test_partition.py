@@ -75,8 +75,18 @@ def test_pac_groups_dominant_classes_and_fixed_sizes():
         shares.append(counts[dominant[i % 5]].sum() / 300)
         # test follows the same distribution: its dominant share is close to the train one
         assert abs(class_counts(te)[dominant[i % 5]].sum() / 200 - shares[-1]) < 0.12
-    # 80 % from the three dominant classes plus their part of the 20 % uniform: 0.8 + 0.2 * 3/10
-    assert abs(np.mean(shares) - 0.86) < 0.02
+    # 80 % from the three dominant classes plus their part of the 20 % uniform: 0.8 + 0.2 * 3/10, exactly
+    assert np.allclose(shares, 0.86)
+
+
+def test_pac_counts_and_reuse_follow_fedpacs_code():
+    assert P.pac_counts(600, 0.2, 10, [0, 1, 2]).tolist() == [172, 172, 172, 12, 12, 12, 12, 12, 12, 12]
+    emnist = P.pac_counts(1000, 0.2, 62, list(range(10)))  # 200 uniform: 3 per class, the last class 17
+    assert emnist.sum() == 1000 and emnist[10] == 3 and emnist[61] == 17 and emnist[9] == 3 + 80
+    p = partition(LABELS, 10, spec("pac", 20, clients=100, pac_train=600, pac_test=600))  # more than the data: reused
+    assert all(len(tr) == 600 and len(te) == 600 and len(set(tr)) == 600 for tr, te in zip(p.train, p.test))
+    assert not set(np.concatenate(p.train)) & set(np.concatenate(p.test))  # nobody's test sample is trained on
+    assert len(np.concatenate(p.train)) > len(set(np.concatenate(p.train)))
 
 
 def test_impossible_requests_are_refused():
@@ -84,8 +94,8 @@ def test_impossible_requests_are_refused():
         partition(LABELS, 10, spec("pat", 11))
     with pytest.raises(UserError, match="fewer clients"):
         partition(LABELS[:500], 10, spec("dir", 0.1, clients=20, min_samples=40))
-    with pytest.raises(UserError, match="runs out of class"):
-        partition(LABELS, 10, spec("pac", 20, clients=100, pac_train=600, pac_test=600))
+    with pytest.raises(UserError, match="use smaller pac_train"):
+        partition(LABELS, 10, spec("pac", 0, clients=5, pac_train=9000, pac_test=600))
     for bad in ("dir", "dir:-1", "pat:1.5", "pac:120", "zipf:2"):
         with pytest.raises(UserError, match="not understood"):
             parse_partition(bad)

@@ -141,6 +141,7 @@ def sweep(
     sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."),
     select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
     seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
+    vary_partition: bool = typer.Option(False, help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
     patience: Optional[int] = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
     max_total_rounds: Optional[int] = typer.Option(None, help="End the sweep after this many rounds over all trials."),
@@ -166,7 +167,7 @@ def sweep(
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
     console.print(f"sweep {sweep_dir}: {sp.samples} trials of {method}, sampler {sp.sampler}, selecting by {sp.select} accuracy")
-    summary = run_sweep(sp, sweep_dir, res, seeds=seeds, resume=resume, study_db=study_db)
+    summary = run_sweep(sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db)
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]
     table.add_row("best configuration", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()))
@@ -185,6 +186,7 @@ def sweep(
 def reproduce(
     table: str = typer.Argument(..., help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, fedpac-table2, ... (see --help)."),
     seeds: int = typer.Option(3, help="Seeds per cell (the papers report mean ± std over 3 or 5)."),
+    vary_partition: bool = typer.Option(False, help="Give each seed its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     rounds: Optional[int] = typer.Option(None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."),
     dataset: list[str] = typer.Option([], help="Only these datasets (repeatable), e.g. --dataset fmnist."),
     method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl."),
@@ -207,7 +209,7 @@ def reproduce(
         raise UserError(f"--seeds must be at least 1, not {seeds}.")
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
     sweep_dir, skipped = run_reproduction(table, storage, res, seeds=seeds, rounds=rounds, datasets=dataset, methods=method,
-                                          patience=patience, settings=parse_set(set_), resume=resume)  # fmt: skip
+                                          patience=patience, settings=parse_set(set_), vary_partition=vary_partition, resume=resume)  # fmt: skip
     for reason in skipped:
         err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
     from tuner.reproduce import TABLES

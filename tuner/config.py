@@ -14,9 +14,10 @@ import yaml
 
 from algorithms import METHODS
 from algorithms.base import hparam_names
-from tuner.data.datasets import LOADERS
+from tuner.data.datasets import LOADERS, NORMALIZATIONS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
+from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.engine import EXECUTORS
 from tuner.errors import UserError
 from tuner.models import BACKBONES
@@ -29,18 +30,26 @@ class RunConfig:
     partition: str = "dir:0.1"  # iid, pat:N, dir:BETA, pac:S
     clients: int = 20
     rounds: int = 100
-    seed: int = 0
-    backbone: str | None = None  # None: the dataset's default
-    lr: float | None = None  # None: the backbone's default from the papers
-    batch_size: int | None = None  # None: the method's paper (FedPAC 50), else 10
-    local_epochs: int | None = None  # None: the method's paper (FedPAC 5), else 1
+    seed: int = 0  # initialisation, batch order, client sampling
+    partition_seed: int = 0  # the data split (fixed across seeds, as the papers keep one split per setting)
+    protocol: str | None = None  # pfllib | fedpac; None: the method's own paper's (tuner/defaults.py)
+    # None below: the papers' value for this protocol, method, dataset and backbone (tuner/defaults.py)
+    backbone: str | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    local_epochs: int | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    augment: bool | None = None  # random crop (pad 4) + horizontal flip of training images
+    normalize: str | None = None  # half: (x - 0.5) / 0.5 as PFLlib; dataset: per-channel mean / std
+    full_last_round: bool | None = None  # every client takes part in the last round (FedPAC §5)
+    groups: int | None = None  # client i is in group i mod groups (pac partition, shifts)
     join_ratio: str = "1"  # a fraction, or LO-HI to draw it each round
     eval_gap: int = 1
     train_frac: float = 0.75
     val_frac: float = 0.0  # validation carved from each client's training part
-    min_samples: int | None = None  # None: min(batch/(1-train_frac), samples/clients/2), as PFLlib
+    min_samples: int | None = None  # None: min(10/(1-train_frac), samples/clients/2), PFLlib's generator's floor
     balance: bool = False  # pathological partition with equal class shares
-    groups: int = 5
     shift: str = "none"  # none | concept (label permutation per group) | rotate (feature skew per group)
     pac_train: int | None = None  # FedPAC's per-client sizes; None: the dataset's default
     pac_test: int | None = None
@@ -54,50 +63,48 @@ class RunConfig:
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def resolved(self) -> "RunConfig":
-        """Fill the defaults that depend on other settings, and check every value."""
-        from tuner.models import DEFAULT_BACKBONE
-
+        """Fill every unset setting from the papers' table (tuner/defaults.py), and check every value."""
         if self.method not in METHODS:
             raise UserError(f"Unknown method '{self.method}'; choose one of {', '.join(METHODS)}.")
         if self.dataset not in LOADERS:
             raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}.")
-        backbone = self.backbone or DEFAULT_BACKBONE[self.dataset]
-        if backbone not in BACKBONES:
-            raise UserError(f"Unknown backbone '{backbone}'; choose one of {', '.join(BACKBONES)}.")
+        method = METHODS[self.method]
+        protocol = self.protocol or method.protocol
+        if protocol not in PROTOCOLS:
+            raise UserError(f"Unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}.")
+        if self.backbone is not None and self.backbone not in BACKBONES:
+            raise UserError(f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}.")
         parse_partition(self.partition)
         self.join_range()
-        method = METHODS[self.method]
-        cfg = replace(
-            self,
-            batch_size=self.batch_size if self.batch_size is not None else method.run_defaults.get("batch_size", 10),
-            local_epochs=self.local_epochs if self.local_epochs is not None else method.run_defaults.get("local_epochs", 1),
-        )
-        return cfg._checked(backbone)
+        table = paper_defaults(protocol, method.family or method.name, self.dataset, self.backbone)
+        run = {k: table[k] if getattr(self, k) is None else getattr(self, k) for k in RUN_SETTINGS}
+        paper_hp = {k: v for k, v in table.items() if k not in RUN_SETTINGS and k in hparam_names(method)}
+        hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
+        return replace(self, protocol=protocol, **run, hparams=hp)._checked()
 
-    def _checked(self, backbone: str) -> "RunConfig":
-        from tuner.models import DEFAULT_LR
-
+    def _checked(self) -> "RunConfig":
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
-        if self.local_epochs < 0 or self.cohort_chunk < 0:
-            raise UserError("Settings local_epochs and cohort_chunk cannot be negative.")
+        for name in ("local_epochs", "cohort_chunk", "partition_seed", "momentum", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise UserError(f"Setting {name} cannot be negative, not {getattr(self, name)}.")
+        if self.normalize not in NORMALIZATIONS:
+            raise UserError(f"Unknown normalize '{self.normalize}'; choose one of {', '.join(NORMALIZATIONS)}.")
         if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
             raise UserError(f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}.")
         if self.shift not in SHIFTS:
             raise UserError(f"Unknown shift '{self.shift}'; choose one of {', '.join(SHIFTS)}.")
         if self.executor not in EXECUTORS:
             raise UserError(f"Unknown executor '{self.executor}'; choose one of {', '.join(EXECUTORS)}.")
-        lr = self.lr if self.lr is not None else DEFAULT_LR[backbone]
-        if lr <= 0:
-            raise UserError(f"Setting lr must be positive, not {lr}.")
+        if self.lr <= 0:
+            raise UserError(f"Setting lr must be positive, not {self.lr}.")
         method = METHODS[self.method]
-        hp = {**asdict(method.Hparams()), **self.hparams}
-        problem = method.validate(method.Hparams(**hp))
+        problem = method.validate(method.Hparams(**self.hparams))
         if problem:
             raise UserError(problem)
         data_dir = str(user_path(self.data_dir)) if self.data_dir else None  # trials read it from another directory
-        return replace(self, backbone=backbone, lr=lr, hparams=hp, data_dir=data_dir)
+        return replace(self, data_dir=data_dir)
 
     def join_range(self) -> tuple[float, float]:
         text = str(self.join_ratio)
@@ -164,8 +171,10 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
 
 
 def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
-    """A Tune trial's RunConfig: its stage's fixed settings (with the method), its table cell, then its sampled values."""
-    settings = {**base, **params.get("cell", {}), **{k: v for k, v in params.items() if k != "cell"}}
+    """A Tune trial's RunConfig: its stage's fixed settings (with the method), then its grouped values (a dict:
+    a table cell, a seed with its partition seed), then its single sampled values."""
+    groups = [v for v in params.values() if isinstance(v, dict)]
+    settings = {**base, **{k: v for g in groups for k, v in g.items()}, **{k: v for k, v in params.items() if not isinstance(v, dict)}}
     method = settings.pop("method")
     return apply_settings(RunConfig(method=method), settings, "trial").resolved()
 

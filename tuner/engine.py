@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.func import grad_and_value, vmap
 
 from algorithms.base import Method, Phase, State
+from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
 from tuner.errors import DivergedError
 
@@ -41,13 +42,18 @@ class EngineSettings:
     executor: str = "vectorized"
     cohort_chunk: int = 0  # clients per vectorized step; 0 = the whole cohort
     eval_batch: int = 256  # samples per client per evaluation step
+    augment: bool = False  # random crop + flip of training images (tuner/data/augment.py)
+    rounds: int = 0  # the run's length, for full_last_round
+    full_last_round: bool = False  # every client takes part in the last round (FedPAC §5)
 
 
 def _mix(*ints: int) -> int:
     return int(np.random.SeedSequence([int(i) for i in ints]).generate_state(1)[0])
 
 
-def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float]) -> list[int]:
+def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float], everyone: bool = False) -> list[int]:
+    if everyone:
+        return list(range(num_clients))
     rng = np.random.default_rng(_mix(seed, rnd, 0xC0))
     lo, hi = join_ratio
     ratio = lo if lo == hi else rng.uniform(lo, hi)
@@ -106,6 +112,17 @@ class Executor:
         s = self.settings
         return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], s.batch_size, epochs) for i in ids]
 
+    def _draws(self, ids: list[int], rnd: int, stream: int, schedules: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Each client's augmentation draws, one per scheduled sample; None without augmentation."""
+        if not self.settings.augment:
+            return None
+        return [augment_draws(_mix(self.settings.seed, rnd, stream, i, 0xA6), *sched.shape) for i, sched in zip(ids, schedules)]
+
+    def _inputs(self, idx: torch.Tensor, draws: torch.Tensor | None) -> torch.Tensor:
+        """Training inputs of the rows idx: augmented on the stored pixels, then decoded."""
+        x = self.data.train.x[idx]
+        return self.data.decode(x if draws is None else crop_flip(x, draws))
+
     def _trainable(self, phase: Phase, state: State) -> list[str]:
         """A phase trains every floating tensor under its prefixes except BatchNorm statistics."""
         stats = set(self.method.net.buffer_keys)
@@ -122,21 +139,24 @@ class SequentialExecutor(Executor):
 
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
         """Train the stacked cohort states in place; returns each client's mean minibatch loss."""
-        train, decode = self.data.train, self.data.decode
+        train = self.data.train
         losses = torch.zeros(len(ids), dtype=torch.float64, device=train.y.device)
         steps = torch.zeros(len(ids))
         self.method.net.module.train()
         for p_idx, phase in enumerate(phases):
             grad_fn = self._step_loss(phase)
             keys = self._trainable(phase, cohort)
-            for j, (i, sched) in enumerate(zip(ids, self._schedules(ids, rnd, stream_base + p_idx, phase.epochs))):
+            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
+            draws = self._draws(ids, rnd, stream_base + p_idx, scheds)
+            for j, (i, sched) in enumerate(zip(ids, scheds)):
                 params = {k: cohort[k][j].clone() for k in keys}
                 rest = {k: v[j] for k, v in cohort.items() if k not in params}  # views: BatchNorm statistics update in place
                 momentum = {k: torch.zeros_like(v) for k, v in params.items()} if phase.momentum else None
                 base = train.offsets[i]
-                for row in sched:
+                for s, row in enumerate(sched):
                     idx = (row + base).to(train.y.device)
-                    g, loss = grad_fn(params, rest, server, decode(train.x[idx]), train.y[idx])
+                    x = self._inputs(idx, None if draws is None else draws[j][s])
+                    g, loss = grad_fn(params, rest, server, x, train.y[idx])
                     _sgd(params, g, momentum, phase)
                     losses[j] += loss.detach()  # no host sync per step
                     steps[j] += 1
@@ -190,7 +210,7 @@ class VectorizedExecutor(Executor):
         return vmap(fn, in_dims=(0, None, *[0] * len(args)), randomness="different")(states, server, *args)
 
     def train(self, phases, cohort: State, ids, server, rnd, stream_base) -> torch.Tensor:
-        train, decode = self.data.train, self.data.decode
+        train = self.data.train
         device = train.y.device
         losses = torch.zeros(len(ids), dtype=torch.float64, device=device)
         steps = torch.zeros(len(ids), device=device)
@@ -199,6 +219,7 @@ class VectorizedExecutor(Executor):
             step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="different")
             keys = self._trainable(phase, cohort)
             scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
+            draws = self._draws(ids, rnd, stream_base + p_idx, scheds)
 
             def run_chunk(part: range) -> None:
                 # Most steps first: at step s the active clients are a prefix of the stack.
@@ -207,8 +228,11 @@ class VectorizedExecutor(Executor):
                 if n_steps[0] == 0:
                     return
                 index = torch.zeros(len(order), n_steps[0], self.settings.batch_size, dtype=torch.long)
+                aug = None if draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
                 for r, j in enumerate(order):
                     index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
+                    if aug is not None:
+                        aug[r, : n_steps[r]] = draws[j]
                 index = index.to(device)
                 active = [sum(1 for c in n_steps if c > s) for s in range(n_steps[0])]
                 order_t = torch.tensor(order, device=device)
@@ -219,7 +243,8 @@ class VectorizedExecutor(Executor):
                 for s, a in enumerate(active):
                     idx = index[:a, s]
                     p_a = {k: v[:a] for k, v in params.items()}
-                    g, loss = step(p_a, {k: v[:a] for k, v in rest.items()}, server, decode(train.x[idx]), train.y[idx])
+                    x = self._inputs(idx, None if aug is None else aug[:a, s])
+                    g, loss = step(p_a, {k: v[:a] for k, v in rest.items()}, server, x, train.y[idx])
                     _sgd(p_a, g, None if momentum is None else {k: v[:a] for k, v in momentum.items()}, phase)
                     chunk_loss[:a] += loss.detach()
                 for k, v in {**params, **rest}.items():
@@ -345,7 +370,7 @@ class Simulation:
         t0 = time.perf_counter()
         rnd = self.round + 1
         s, m = self.settings, self.method
-        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio)
+        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == s.rounds)
         ids_t = torch.tensor(ids, device=self.device)
         cohort = {k: v[ids_t].clone() for k, v in self.clients.items()}
         if m.stats_before or type(m).begin_local is not Method.begin_local:

@@ -120,16 +120,6 @@ def mlp(input_shape, num_classes):
 
 BACKBONES = {"cnn4": cnn4, "pac_cnn": pac_cnn, "resnet18": resnet18, "fasttext": fasttext, "harcnn": harcnn, "mlp": mlp}
 
-# The papers' learning rates per backbone (REFERENCE.md; FedPAC's CNN 0.01 on grey images).
-DEFAULT_LR = {"cnn4": 0.005, "mlp": 0.005, "resnet18": 0.1, "fasttext": 0.1, "harcnn": 0.01, "pac_cnn": 0.01}
-
-# The backbone each dataset gets when none is named; digits are 8x8, too small for 5x5 convolutions twice.
-DEFAULT_BACKBONE = {
-    "fmnist": "cnn4", "mnist": "cnn4", "emnist": "cnn4", "cifar10": "cnn4", "cifar100": "cnn4",
-    "tinyimagenet": "cnn4", "cinic10": "cnn4", "agnews": "fasttext", "har": "harcnn", "digits": "mlp",
-}  # fmt: skip
-
-
 def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int) -> Backbone:
     if name not in BACKBONES:
         raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}.")

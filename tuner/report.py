@@ -30,7 +30,8 @@ DATASET_LABELS = {
     "tinyimagenet": "TinyImageNet", "cinic10": "CINIC10", "agnews": "AGNews", "har": "HAR", "digits": "Digits",
 }  # fmt: skip
 PATHOLOGICAL_CLASSES = {"MNIST": 2, "FMNIST": 2, "Cifar10": 2, "Cifar100": 10, "TinyImageNet": 20}  # GPFL/FedCP §4
-PLUMBING = ("seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
+# Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
+NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
 METHOD_BY_TITLE = {cls.title: name for name, cls in METHODS.items()}
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
 
@@ -72,7 +73,7 @@ def _trial_rows(result_json: Path) -> pd.DataFrame:
 
 def config_key(cfg: RunConfig) -> str:
     """Identifies a configuration across seeds."""
-    d = {k: v for k, v in asdict(cfg).items() if k not in PLUMBING}
+    d = {k: v for k, v in asdict(cfg).items() if k not in NOT_CONFIGURATION}
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

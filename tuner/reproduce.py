@@ -30,11 +30,9 @@ DATASET_NAMES = {label: name for name, label in DATASET_LABELS.items()}
 TITLES = METHOD_BY_TITLE | {"FedPAC-replicated": "fedpac"}
 
 
-def protocol(paper: str, dataset: str) -> dict:
-    """Settings a paper fixes for every method of its tables (GPFL/FedCP: the run defaults)."""
-    if paper.startswith("FedPAC"):  # Appendix B.3
-        return {"batch_size": 100 if dataset == "emnist" else 50, "local_epochs": 5, "lr": 0.02 if dataset in ("cifar10", "cinic10") else 0.01}
-    return {}
+def protocol(paper: str) -> str:
+    """The training protocol every method of a paper's tables runs under (values in tuner/defaults.py)."""
+    return "fedpac" if paper.startswith("FedPAC") else "pfllib"
 
 
 def cells(table: str, datasets: list[str] | None = None, methods: list[str] | None = None, data_dir: str | None = None) -> tuple[list[dict], list[str]]:
@@ -63,7 +61,7 @@ def cells(table: str, datasets: list[str] | None = None, methods: list[str] | No
         if available[dataset] is not True:
             continue
         out.append({"method": method, "dataset": dataset, "partition": _partition(r), "clients": int(r.num_clients),
-                    "join_ratio": str(r.join_ratio), "backbone": r.backbone, **protocol(paper_name, dataset)})  # fmt: skip
+                    "join_ratio": str(r.join_ratio), "backbone": r.backbone, "protocol": protocol(paper_name)})  # fmt: skip
     return out, sorted(set(skipped))
 
 
@@ -86,11 +84,11 @@ def _available(dataset: str, data_dir: str | None) -> bool | str:
 
 
 def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None, datasets=None, methods=None,
-              patience: int | None = None, settings: dict | None = None, resume: bool = False) -> tuple[Path, list[str]]:  # fmt: skip
+              patience: int | None = None, settings: dict | None = None, vary_partition: bool = False, resume: bool = False) -> tuple[Path, list[str]]:  # fmt: skip
     """Run every runnable cell of `table` with `seeds` seeds; returns the experiment's directory and what was left out."""
     from ray import tune
 
-    from tuner.sweep import run_stage, stoppers
+    from tuner.sweep import run_stage, seed_grid, stoppers
 
     todo, skipped = cells(table, datasets, methods, (settings or {}).get("data_dir"))
     if not todo:
@@ -103,7 +101,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     base = {"rounds": rounds, **(settings or {})}
     run_stage(
         sweep_dir, "reproduce", base, "test", 1, res,
-        param_space={"cell": tune.grid_search(todo), "seed": tune.grid_search(list(range(seeds)))},
+        param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
         stopper=stoppers(patience, None), samples=1, expected=len(todo) * seeds, rounds=rounds,
         metric="best_acc", resume=resume, extra={"table": table, "paper": paper_name},
     )  # fmt: skip

@@ -38,15 +38,19 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(f"Device '{name}' is not a torch device; use auto, cpu or cuda[:N].") from None
 
 
+PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
+
+
 def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
+    """The partition depends on the data settings only: never on the run's seed or batch size."""
     kind, value = parse_partition(cfg.partition)
     n = len(ds.y)
     min_samples = cfg.min_samples
     if min_samples is None:  # PFLlib's floor: a few batches of training data, at most half a fair share
-        min_samples = int(min(cfg.batch_size / (1 - cfg.train_frac), n / cfg.clients / 2))
+        min_samples = int(min(PARTITION_BATCH / (1 - cfg.train_frac), n / cfg.clients / 2))
     grey = ds.kind == "image" and ds.input_shape[0] == 1
     return PartitionSpec(
-        kind=kind, value=value, clients=cfg.clients, seed=cfg.seed, train_frac=cfg.train_frac, val_frac=cfg.val_frac,
+        kind=kind, value=value, clients=cfg.clients, seed=cfg.partition_seed, train_frac=cfg.train_frac, val_frac=cfg.val_frac,
         min_samples=min_samples, balance=cfg.balance, groups=cfg.groups,
         pac_train=cfg.pac_train or (1000 if ds.name == "emnist" else 600),
         pac_test=cfg.pac_test or (600 if grey else 300),
@@ -55,9 +59,11 @@ def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
 
 def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
     ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+    if cfg.augment and ds.kind != "image":
+        raise UserError(f"augment=true crops and flips images; {cfg.dataset} holds {ds.kind} data.")
     spec = partition_spec(cfg, ds)
     part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=ds.name)
-    return build(ds, part, cfg.shift, cfg.seed, device)
+    return build(ds, part, cfg.shift, cfg.partition_seed, cfg.normalize, device)
 
 
 def check_batches(cfg: RunConfig, data: FederatedData) -> None:
@@ -67,7 +73,8 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
     if short:
         raise UserError(
             f"Partition {cfg.partition} of {cfg.dataset} over {cfg.clients} clients leaves {len(short)} of them without one training "
-            f"batch of {cfg.batch_size} (client {short[0]} has {counts[short[0]]} training samples); use fewer clients or a smaller batch_size."
+            f"batch of {cfg.batch_size} (client {short[0]} has {counts[short[0]]} training samples); use fewer clients, a smaller batch_size "
+            "or a larger min_samples."
         )
 
 
@@ -77,7 +84,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     data = data or build_data(cfg, device)
     check_batches(cfg, data)
     method_cls = METHODS[cfg.method]
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes)
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes).to(device)
@@ -85,6 +92,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     settings = EngineSettings(
         seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,
         executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
+        augment=cfg.augment, rounds=cfg.rounds, full_last_round=cfg.full_last_round,
     )  # fmt: skip
     return Simulation(method, data, settings)
 

@@ -283,7 +283,15 @@ def run_stage(
     return grid
 
 
-def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resume: bool = False, study_db: Path | None = None) -> dict:
+def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
+    """Tune's grid over seeds: the run seed alone (one partition, as the papers), or each seed with its own partition."""
+    if vary_partition:
+        return {"seeding": tune.grid_search([{"seed": s, "partition_seed": s} for s in seeds])}
+    return {"seed": tune.grid_search(seeds)}
+
+
+def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary_partition: bool = False, resume: bool = False,
+          study_db: Path | None = None) -> dict:  # fmt: skip
     """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
     from ray.tune.search.optuna import OptunaSearch
 
@@ -317,7 +325,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, resu
     if seeds:
         seeds_grid = run_stage(
             sweep_dir, "seeds", base, space.select, space.report_every, res,
-            param_space={**best.config, "seed": tune.grid_search(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)))},
+            param_space={**best.config, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
             stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds, metric=space.metric,
             resume=resume, extra={"method": space.method, "best_of": "search"},
         )  # fmt: skip

@@ -41,11 +41,38 @@ class Dataset:
         return tuple(self.x.shape[1:])
 
 
-def decode(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Turn stored samples into model inputs: images to [-1, 1] as Normalize(0.5, 0.5) does."""
-    if kind == "image":
+NORMALIZATIONS = ("half", "dataset")
+
+
+def decode(ds: Dataset, normalize: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Turn stored samples into model inputs. Images: `half` maps to [-1, 1] as PFLlib's
+    Normalize(0.5, 0.5) does; `dataset` subtracts each channel's mean and divides by its std
+    (over the pooled dataset), as FedPAC's CIFAR code does."""
+    if ds.kind != "image":
+        return lambda x: x
+    if normalize == "half":
         return lambda x: x.float().mul_(2.0 / 255.0).sub_(1.0)
-    return lambda x: x
+    mean, std = channel_stats(ds.x)
+    shape = (-1, 1, 1)
+
+    def standardize(x: torch.Tensor) -> torch.Tensor:
+        m, s = mean.to(x.device).view(shape), std.to(x.device).view(shape)
+        return x.float().div_(255.0).sub_(m).div_(s)
+
+    return standardize
+
+
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of uint8 images in [0, 1], in chunks (a large dataset never goes to floats whole)."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for a in range(0, len(images), chunk):
+        part = images[a : a + chunk].double().div_(255.0)
+        total += part.sum((0, 2, 3))
+        squares += (part**2).sum((0, 2, 3))
+    n = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / n
+    return mean.float(), (squares / n - mean**2).clamp(min=1e-12).sqrt().float()
 
 
 # ---------------------------------------------------------------- IDX (MNIST family)

@@ -70,7 +70,7 @@ class FederatedData:
         return out
 
 
-def build(ds: Dataset, part: Partition, shift: str, seed: int, device: torch.device) -> FederatedData:
+def build(ds: Dataset, part: Partition, shift: str, seed: int, normalize: str, device: torch.device) -> FederatedData:
     if shift not in SHIFTS:
         raise UserError(f"Unknown shift '{shift}'; choose one of {', '.join(SHIFTS)}.")
     if shift == "rotate" and ds.kind != "image":
@@ -97,4 +97,4 @@ def build(ds: Dataset, part: Partition, shift: str, seed: int, device: torch.dev
         return Split(torch.cat(xs).to(device), torch.cat(ys).to(device), [len(p) for p in parts])
 
     val = make(part.val) if any(len(v) for v in part.val) else None
-    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds.kind))
+    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize))

@@ -2,8 +2,9 @@
 
 `iid`, `pat:n` (pathological: n classes per client, GPFL/FedCP), `dir:b` (practical: Dirichlet
 b per class), and `pac:s` (FedPAC: s % uniform over all classes, the rest from the client's
-group's dominant classes, fixed sizes, test drawn from the same distribution). Every client
-gets disjoint train / test (and optionally validation) index sets into the pooled dataset.
+group's dominant classes, fixed sizes, test drawn from the same distribution, samples reused
+across clients as FedPAC's code does). Every client gets disjoint train / test (and optionally
+validation) index sets into the pooled dataset.
 Results are cached on disk under a hash of every setting that shapes them.
 """
 
@@ -166,28 +167,58 @@ def pac_dominant_classes(num_classes: int, groups: int, pac_groups: list[list[in
     return [[(g * step + j) % num_classes for j in range(3)] for g in range(groups)]
 
 
+def pac_counts(size: int, s: float, num_classes: int, dominant: list[int]) -> np.ndarray:
+    """Exact per-class counts of one FedPAC client (its code): int(s·size) spread evenly over all classes,
+    the last class taking the remainder; the rest evenly over the dominant classes, the last taking the remainder."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    uniform = int(size * s)
+    counts += uniform // num_classes
+    counts[-1] += uniform - num_classes * (uniform // num_classes)
+    rest = size - uniform
+    for j, c in enumerate(dominant):
+        counts[c] += rest // len(dominant) + (rest - len(dominant) * (rest // len(dominant)) if j == len(dominant) - 1 else 0)
+    return counts
+
+
+class _Pool:
+    """One class's samples of one split, handed out in order and started over when the next share does not fit."""
+
+    def __init__(self, idx: np.ndarray, label: int, split: str):
+        self.idx, self.label, self.split, self.pos = idx, label, split, 0
+
+    def take(self, n: int) -> np.ndarray:
+        if n > len(self.idx):
+            raise UserError(
+                f"Partition pac needs {n} {self.split} samples of class {self.label} for one client but the dataset has {len(self.idx)}; "
+                "use smaller pac_train/pac_test."
+            )
+        if self.pos + n > len(self.idx):
+            self.pos = 0
+        out = self.idx[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
 def _pac(labels, num_classes, spec, group, pac_groups, rng):
+    """FedPAC B.2 as its code builds it: exact counts per class, samples reused across clients once a class's
+    pool is used up (so 100 clients of 600 fit in Fashion-MNIST and CIFAR-10). Each class's pool is split once
+    into a train and a test part, in proportion to the shares drawn, so no client's test sample is trained on."""
     dominant = pac_dominant_classes(num_classes, spec.groups, pac_groups)
     if pac_groups is not None and spec.groups != len(pac_groups):
         raise UserError(f"This dataset's pac partition has {len(pac_groups)} groups; set groups={len(pac_groups)}.")
-    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)}
+    test_share = spec.pac_test / (spec.pac_train + spec.pac_test)
+    pools = {}
+    for c in range(num_classes):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        cut = int(round(len(idx) * (1 - test_share)))
+        pools[c] = {"train": _Pool(idx[:cut], c, "training"), "test": _Pool(idx[cut:], c, "test")}
     s = spec.value / 100.0
     train, test = [], []
     for i in range(spec.clients):
-        dom = dominant[group[i]]
-        probs = np.full(num_classes, s / num_classes)
-        probs[dom] += (1.0 - s) / len(dom)
-        for size, out in ((spec.pac_train, train), (spec.pac_test, test)):
-            counts = rng.multinomial(size, probs)
-            take = []
-            for c in np.flatnonzero(counts):
-                if len(pools[c]) < counts[c]:
-                    raise UserError(
-                        f"Partition pac:{spec.value:g} runs out of class {c} at client {i}; use fewer clients or smaller pac_train/pac_test."
-                    )
-                take.extend(pools[c][: counts[c]])
-                del pools[c][: counts[c]]
-            out.append(rng.permutation(np.array(take, dtype=np.int64)))
+        for size, split, out in ((spec.pac_train, "train", train), (spec.pac_test, "test", test)):
+            counts = pac_counts(size, s, num_classes, dominant[group[i]])
+            take = [pools[c][split].take(int(n)) for c, n in enumerate(counts) if n]
+            out.append(rng.permutation(np.concatenate(take)))
     return train, test
 
 
