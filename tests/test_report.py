@@ -72,7 +72,7 @@ def test_report_rebuilds_the_papers_table(results, tmp_path):
     assert cell.loc["Ditto", "seeds"] == 0 and cell.loc["Ditto", "paper_mean"] == 99.44  # the paper's rows stay, ours blank
     assert "Digits" not in set(tables["column"].str.split().str[0])  # no paper reports digits
     md = (out / "tables.md").read_text()
-    assert "### GPFL Table1" in md and "91.00 ± 1.00 (n=2, 3 r)" in md and "best test accuracy" in md
+    assert "### GPFL Table1" in md and "91.00 ± 1.00 (n=2, 3 r)" in md and "Ours: best test round." in md
     assert "\\begin{tabular}" in (out / "tables.tex").read_text()
     assert list(out.glob("curves-fmnist-pat2-20.png")) and list(out.glob("sweep-gpfl.png"))
 
@@ -120,3 +120,19 @@ def test_a_sweep_no_paper_reports_still_gets_its_tables_plots_and_best_configura
     assert best["seeds"] == 2 and best["seeds_mean"] == pytest.approx(0.8) and best["seeds_std"] == pytest.approx(0.1)
     assert "lr=0.1" in (tmp_path / "r" / "best.md").read_text()
     assert (tmp_path / "r" / "sweep-mine.png").exists() and (tmp_path / "r" / "curves-digits-iid-4.png").exists()
+
+
+def test_each_table_reports_its_own_metric(results, tmp_path):
+    pac = {"partition": "pac:20", "backbone": "pac_cnn"}
+    write_run(results / "runs" / "fedpac", "fedpac", [0.80, 0.90, 0.85], **pac)
+    res = CliRunner().invoke(app, ["report", str(results), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    tables = pd.read_parquet(tmp_path / "r" / "tables.parquet")
+    fedpac = tables[(tables["paper"] == "FedPAC") & (tables["table"] == "Table1") & (tables["method"] == "FedPAC") & (tables["seeds"] > 0)].iloc[0]
+    assert fedpac["ours_mean"] == pytest.approx(85.0) and fedpac["reported"] == "final round"  # FedPAC: final test accuracy
+    fedper = tables[(tables["paper"] == "GPFL") & (tables["method"] == "FedPer") & (tables["column"] == "FMNIST pathological")].iloc[0]
+    assert fedper["ours_mean"] == pytest.approx(95.0) and fedper["reported"] == "best test round"  # GPFL: the best round
+    runs = pd.read_parquet(tmp_path / "r" / "runs.parquet").set_index("method")
+    assert (runs.loc["fedpac", "best_acc"], runs.loc["fedpac", "final_acc"]) == (0.90, 0.85)
+    md = (tmp_path / "r" / "tables.md").read_text()
+    assert "### FedPAC Table1\n\nOurs: final round." in md

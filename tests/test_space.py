@@ -38,7 +38,9 @@ stop: {grace: 5, patience: 10, max_total_rounds: 200}
     assert space.search["lam"] == d.CategoricalDistribution([0, 0.1, 1, 5, 10])
     assert space.search["lr"] == d.FloatDistribution(0.001, 0.1, log=True)
     assert space.search["local_epochs"] == d.IntDistribution(1, 5)
-    assert space.sampler == "tpe" and space.samples == 10 and space.metric == "best_acc"
+    assert space.sampler == "tpe" and space.samples == 10
+    # honest by default: the sweep selects on a validation split it carves, never on test accuracy
+    assert space.select == "val" and space.metric == "best_val_acc" and space.base_config().val_frac == 0.1
     assert (space.stop.grace, space.stop.patience, space.stop.max_total_rounds) == (5, 10, 200)
     # the paper's setting first: FedCP's λ = 5, the MLP's lr 0.005, one local epoch; dir:0.1 is the default partition
     assert space.defaults() == {"lam": 5.0, "lr": 0.005, "local_epochs": 1, "partition": "dir:0.1"}

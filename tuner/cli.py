@@ -139,7 +139,7 @@ def sweep(
     storage: Path = typer.Option(Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."),
     samples: Optional[int] = typer.Option(None, help="Number of trials [default: the space's samples]."),
     sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."),
-    select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
+    select: Optional[str] = typer.Option(None, help="val: test accuracy at the best validation round (honest, the default); test: best test accuracy over rounds, as the papers report [default: the space's, else val]."),
     seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
     vary_partition: bool = typer.Option(False, help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
@@ -226,7 +226,7 @@ def reproduce(
 def report(
     results: list[Path] = typer.Argument(..., callback=absolute, help="Run directories, sweeps, or folders holding them (searched recursively)."),
     out: Path = typer.Option(Path("results/report"), callback=absolute, help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
-    select: str = typer.Option("test", help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round."),
+    select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round [default: each run's own rule: its sweep's select, else test]."),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
     from tuner.report import report as build_report
@@ -234,7 +234,7 @@ def report(
     result = build_report(results, out, select)
     console.print(f"{result['runs']} runs ({result['failed']} failed); {result['note']}")
     if result["unselectable"]:
-        err.print(f"{result['unselectable']} runs have no {'validation' if select == 'val' else 'test'} accuracy to select by and are left out of the tables.")
+        err.print(f"{result['unselectable']} runs have no accuracy to select by ({'validation' if select == 'val' else 'no evaluated round'}) and are left out of the tables.")
     if result["tables"].empty:
         console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
     _print_tables(result["tables"])

@@ -25,6 +25,8 @@ from tuner.data.partition import parse_partition
 from tuner.errors import UserError
 
 PAPER_TABLES = Path(__file__).resolve().parents[1] / "results" / "paper_tables.csv"
+PAPER_METRICS = PAPER_TABLES.with_name("paper_metrics.csv")  # each table's metric (best or final round) and where the paper says so
+SELECTION = {"test": "best test round", "val": "test at the best validation round"}
 DATASET_LABELS = {
     "fmnist": "FMNIST", "mnist": "MNIST", "emnist": "EMNIST", "cifar10": "Cifar10", "cifar100": "Cifar100",
     "tinyimagenet": "TinyImageNet", "cinic10": "CINIC10", "agnews": "AGNews", "har": "HAR", "digits": "Digits",
@@ -46,7 +48,8 @@ def find_runs(paths: list[Path]) -> list[dict]:
         for config in sorted(root.rglob("config.yaml")):
             run_dir = RunDir(config.parent)
             if run_dir.metrics.exists():
-                runs.append({"run": str(run_dir.path), "stage": "run", "experiment": "", "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})
+                runs.append({"run": str(run_dir.path), "stage": "run", "experiment": "", "select": "test",
+                             "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})  # fmt: skip
         for experiment in sorted(root.rglob("experiment.yaml")):
             info = yaml.safe_load(experiment.read_text())
             for params in sorted(experiment.parent.glob("*/params.json")):
@@ -55,6 +58,7 @@ def find_runs(paths: list[Path]) -> list[dict]:
                     continue
                 sampled = json.loads(params.read_text())
                 runs.append({"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows,
+                             "select": info.get("select", "test"),
                              "config": trial_config(info["settings"], sampled), "searched": list(sampled) if info["stage"] == "search" else []})  # fmt: skip
     if not runs:
         raise UserError(f"No runs found under {', '.join(map(str, paths))}; point at `tuner run` or `tuner sweep` results.")
@@ -77,15 +81,17 @@ def config_key(cfg: RunConfig) -> str:
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def summarize(run: dict, select: str) -> dict:
+def summarize(run: dict, select: str | None) -> dict:
+    """One run's figures; `select` None: the run's own rule (its sweep's, else the papers' best test round)."""
     cfg, rows = run["config"], run["rows"]
+    select = select or run["select"]
     evals = rows[rows["acc"].notna()] if "acc" in rows else rows.iloc[0:0]
     out = {
         "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
         "title": METHODS[cfg.method].title, "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
         "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
         "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()),
-        "config_key": config_key(cfg), "failed": _failure(rows), "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        "config_key": config_key(cfg), "failed": _failure(rows), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }  # fmt: skip
     chosen = selection(rows.to_dict("records"), select)
@@ -94,7 +100,8 @@ def summarize(run: dict, select: str) -> dict:
     at = evals[evals["round"] == chosen["best_round"]].iloc[0]
     return out | {
         "best_acc": chosen["best_acc"], "best_round": int(chosen["best_round"]), "selected_acc": chosen["selected_acc"],
-        "acc_std": float(at.get("acc_std", math.nan)), "acc_cv": float(at.get("acc_cv", math.nan)), "final_acc": float(evals["acc"].iloc[-1]),
+        "acc_std": float(at.get("acc_std", math.nan)), "acc_cv": float(at.get("acc_cv", math.nan)),
+        "final_acc": float(evals["acc"].iloc[-1]), "final_round": int(evals["round"].iloc[-1]),
     }  # fmt: skip
 
 
@@ -128,7 +135,9 @@ def _ratio(text) -> str:
 
 
 def load_paper_tables(path: Path = PAPER_TABLES) -> pd.DataFrame:
-    paper = pd.read_csv(path)
+    """The published numbers, each row with its table's metric (best or final round)."""
+    paper = pd.read_csv(path).merge(pd.read_csv(PAPER_METRICS)[["paper", "table", "reported"]], on=["paper", "table"], how="left")
+    paper["reported"] = paper["reported"].fillna("best")
     paper["join_ratio"] = paper["join_ratio"].map(_ratio)
     paper["kind"] = paper["setting"].str.split("_").str[0].where(~paper["setting"].str.startswith("dominant"), paper["setting"])
     return paper
@@ -160,6 +169,7 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (paper_name, table), hits in matched.groupby(["paper", "table"], sort=False):
         rows = paper[(paper["paper"] == paper_name) & (paper["table"] == table)]
+        reported = rows["reported"].iloc[0]
         backbones = rows.groupby(["dataset", "setting"])["backbone"].nunique()
         for col, published in rows.groupby(COLUMN, sort=False):
             col = pd.Series(dict(zip(COLUMN, col)))
@@ -172,8 +182,9 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
             extras = [t for t in extras if "-" not in METHOD_BY_TITLE[t]]  # baselines beside a main table, never stray ablations
             for title in list(by_title) + extras:
                 paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))
-                out.append({"paper": paper_name, "table": table, "column": label, "method": title,
-                            **_cell(mine[mine["title"] == title]), "paper_mean": paper_mean, "paper_std": paper_std})  # fmt: skip
+                runs = mine[mine["title"] == title]
+                out.append({"paper": paper_name, "table": table, "column": label, "method": title, **_cell(runs, reported),
+                            "reported": _reported_label(reported, runs), "paper_mean": paper_mean, "paper_std": paper_std})  # fmt: skip
     df = pd.DataFrame(out)
     df["difference"] = df["ours_mean"] - df["paper_mean"]
     return df
@@ -183,18 +194,26 @@ def _main_table(paper_name: str, table: str) -> bool:
     return paper_name in ("GPFL", "FedCP", "FedPAC") and "-" not in table
 
 
-def _cell(runs: pd.DataFrame) -> dict:
-    """Mean ± std over seeds of the runs that stand for one method in one cell."""
+def _reported_label(reported: str, runs: pd.DataFrame) -> str:
+    if reported == "final":
+        return "final round"
+    rules = sorted(set(runs["selected_by"])) if not runs.empty else ["test"]
+    return " / ".join(SELECTION[r] for r in rules)
+
+
+def _cell(runs: pd.DataFrame, reported: str) -> dict:
+    """Mean ± std over seeds of the runs that stand for one method in one cell, by the table's metric."""
     if runs.empty:
         return {"ours_mean": math.nan, "ours_std": math.nan, "seeds": 0, "rounds": 0}
+    value = "final_acc" if reported == "final" else "selected_acc"
     final = runs[runs["stage"].isin(FINAL_STAGES)]
-    if final.empty:  # the best configuration tried, over its seeds
+    if final.empty:  # the best configuration tried (by its selection rule), over its seeds
         groups = runs.groupby("config_key")["selected_acc"].mean()
         final = runs[runs["config_key"] == groups.idxmax()]
     else:
         groups = final.groupby("config_key")["selected_acc"].mean()
         final = final[final["config_key"] == groups.idxmax()]
-    acc = 100 * final["selected_acc"].to_numpy()
+    acc = 100 * final[value].to_numpy()
     return {"ours_mean": float(acc.mean()), "ours_std": float(acc.std()), "seeds": len(acc), "rounds": int(final["rounds_run"].max())}
 
 
@@ -226,11 +245,12 @@ def render(tables: pd.DataFrame, fmt: str) -> str:
     parts = []
     for (paper_name, table), t in tables.groupby(["paper", "table"], sort=False):
         frame = wide_table(t)
+        reported = "; ".join(sorted(set(t.loc[t["seeds"] > 0, "reported"]))) or "-"
         if fmt == "markdown":
             frame.columns = [f"{c} {k}" for c, k in frame.columns]
-            parts.append(f"### {paper_name} {table}\n\n{frame.to_markdown()}\n")
+            parts.append(f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n")
         else:
-            latex = frame.to_latex(caption=f"{paper_name} {table}", multicolumn_format="c")
+            latex = frame.to_latex(caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c")
             for text, tex in (("_", r"\_"), ("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
                 latex = latex.replace(text, tex)
             parts.append(latex)
@@ -336,8 +356,9 @@ def _value(cfg: RunConfig, name: str):
 
 
 # --- the whole report
-def report(paths: list[Path], out: Path, select: str = "test") -> dict:
-    if select not in ("test", "val"):
+def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
+    """`select` None: each run by its own rule (its sweep's `select`; best test round for runs and reproductions)."""
+    if select not in (None, "test", "val"):
         raise UserError(f"--select must be test or val, not {select!r}.")
     runs = find_runs(paths)
     out.mkdir(parents=True, exist_ok=True)
@@ -349,7 +370,8 @@ def report(paths: list[Path], out: Path, select: str = "test") -> dict:
     per_round.to_parquet(out / "rounds.parquet", index=False)
     summaries.drop(columns="cell").to_parquet(out / "runs.parquet", index=False)
     written = [out / "rounds.parquet", out / "runs.parquet"]
-    note = f"Selected by {'best test accuracy over rounds (the papers)' if select == 'test' else 'test accuracy at the best validation round'}.\n\n"
+    rules = sorted(set(summaries["selected_by"]))
+    note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
     if not tables.empty:
         tables.to_parquet(out / "tables.parquet", index=False)
         (out / "tables.md").write_text(note + render(tables, "markdown"))

@@ -58,7 +58,7 @@ class Space:
     grids: dict[str, list]  # the `grid` entries, in file order
     sampler: str = "tpe"
     samples: int = 10
-    select: str = "test"
+    select: str = "val"
     report_every: int = 1
     stop: Stopping = field(default_factory=Stopping)
     source: str = "space"
@@ -142,7 +142,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         method=method, settings=settings, search=search, grids=grids, source=where,
         sampler=str(data.get("sampler") or ("grid" if len(grids) == len(search) else "tpe")),
         samples=_positive(data.get("samples", 10), where, "samples"),
-        select=str(data.get("select") or "test"),
+        select=str(data.get("select") or "val"),  # selecting on test accuracy would tune on the test set
         report_every=_positive(data.get("report_every", 1), where, "report_every"),
         stop=_stopping(data.get("stop"), where),
     )  # fmt: skip
