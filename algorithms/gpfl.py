@@ -14,8 +14,9 @@ Prediction: the personalized route only, ψ(f^P).
 Ablations (Table 6): pci=False feeds constant vectors a, b instead of p_i, g; cov=False uses f
 for both routes; mlg=False drops L_mlg; gce=False drops the embeddings with both guidance
 losses (the valve then gets a, b). pfllib=True follows PFLlib: L_mlg as one unsquared norm over
-the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same gradient), and
-p_i without the 1/U.
+the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same gradient), p_i
+without the 1/U, and g, p_i computed from the client's own embeddings (as it last trained them)
+just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ.
 """
 
 from __future__ import annotations
@@ -72,7 +73,15 @@ class GPFL(Method):
         state = {**super().init_client(model), **prefixed(self.valve, "cov."), "gpfl.alpha": torch.zeros(self.training.num_classes)}
         if self.hp.gce:
             state |= prefixed(self.embeddings, "gce.")
+            if self.hp.pfllib:
+                state["gpfl.cond_gce"] = state["gce.weight"].clone()
         return {k: v.to(self.constants.device) for k, v in state.items()}
+
+    def broadcast(self, client, server, index):
+        out = super().broadcast(client, server, index)
+        if self.hp.pfllib and self.hp.gce:  # PFLlib's set_GCE: the conditions come from the embeddings being replaced
+            out["gpfl.cond_gce"] = client["gce.weight"]
+        return out
 
     def statistics(self, state, server, x, y, w):
         onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(w.dtype)
@@ -89,7 +98,7 @@ class GPFL(Method):
         """(g, p_i) from the frozen embeddings Ĉ (eqs. 5, 7), or the constants a, b of the ablations."""
         if not (self.hp.pci and self.hp.gce):
             return self.constants[1], self.constants[0]
-        frozen = server["gce.weight"]
+        frozen = state["gpfl.cond_gce"] if self.hp.pfllib else server["gce.weight"]
         u = frozen.shape[0]
         g = frozen.mean(0)
         p = state["gpfl.alpha"] @ frozen

@@ -40,6 +40,16 @@ def test_vectorized_equals_sequential(method):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
 
 
+@pytest.mark.parametrize("method,options", [("gpfl", {"pfllib": True}), ("fedavg", {"protocol": "fedpac", "backbone": "mlp"})])
+def test_reference_forms_and_protocols_are_equal_under_both_executors(method, options):
+    hp = {k: v for k, v in options.items() if k == "pfllib"}
+    run = {k: v for k, v in options.items() if k != "pfllib"}
+    seq, _ = run_rounds(digits(method, executor="sequential", hparams=hp, **run), 2)
+    vec, _ = run_rounds(digits(method, executor="vectorized", hparams=hp, **run), 2)
+    for k in seq.clients:
+        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-3, atol=5e-4)
+
+
 def assert_same_clients(a, b):
     for k in a.clients:
         torch.testing.assert_close(b.clients[k], a.clients[k], rtol=1e-3, atol=1e-4)

@@ -40,6 +40,26 @@ def test_gpfl_personal_input_weights_frozen_embeddings_by_label_frequency():
     torch.testing.assert_close(g, frozen.mean(0))  # eq. 5
 
 
+def test_gpfl_pfllib_form_takes_its_conditions_from_the_clients_own_embeddings_before_they_are_replaced():
+    sim = sim_for("gpfl", hparams={"pfllib": True}, executor="sequential")
+    own, upload = [], sim.method.upload
+
+    def remember(client, server):  # what each client trained, as it goes to the server (in client order)
+        own.append(client["gce.weight"].clone())
+        return upload(client, server)
+
+    sim.method.upload = remember
+    sim.step()
+    assert len(own) == 6 and not torch.allclose(own[0], own[1])
+    for i in range(6):
+        state = client(sim, i)
+        torch.testing.assert_close(state["gce.weight"], sim.server["gce.weight"])  # the received embeddings...
+        torch.testing.assert_close(state["gpfl.cond_gce"], own[i])  # ...and the conditions from its own trained ones
+        g, p = sim.method._conditions(state, sim.server)
+        torch.testing.assert_close(g, own[i].mean(0))
+        torch.testing.assert_close(p, state["gpfl.alpha"] @ own[i])  # no 1/U in PFLlib
+
+
 def test_gpfl_angle_loss_is_cross_entropy_over_cosines():
     sim = sim_for("gpfl", rounds=1, hparams={"mlg": False, "mu": 0.0})
     m, state = sim.method, client(sim, 1)
