@@ -102,12 +102,11 @@ def selection(history: list[dict], select: str) -> dict[str, float]:
     (best test accuracy, or best validation accuracy); rounds without evaluation are skipped."""
     scored = lambda key: [h for h in history if h.get(key) is not None and not math.isnan(h[key])]  # noqa: E731
     evals, ranked = scored("acc"), scored("acc" if select == "test" else "val_acc")
-    out = {"best_acc": max((h["acc"] for h in evals), default=math.nan), "selected_acc": math.nan, "best_round": math.nan}
+    out = {"best_acc": max((h["acc"] for h in evals), default=math.nan), "selected_acc": math.nan, "best_round": math.nan,
+           "best_val_acc": max((h["val_acc"] for h in scored("val_acc")), default=math.nan)}  # always there: Tune's metric
     if ranked:
         chosen = max(ranked, key=lambda h: h["acc" if select == "test" else "val_acc"])
         out |= {"selected_acc": chosen["acc"], "best_round": chosen["round"]}
-    if scored("val_acc"):
-        out["best_val_acc"] = max(h["val_acc"] for h in scored("val_acc"))
     return out
 
 
