@@ -118,3 +118,30 @@ def test_dataset_normalization_standardizes_each_channel():
     half = decode(ds, "half")(ds.x)
     assert half.min().item() == -1.0 and half.max().item() == pytest.approx(1.0)
     assert np.isclose(x.numpy().std(), 1.0, atol=1e-3)
+
+
+def test_every_cell_of_every_table_resolves_under_its_protocol_and_fmnist_cells_build(monkeypatch):
+    from tuner import reproduce
+    from tuner.data.datasets import DEBIAN_FMNIST
+
+    monkeypatch.setattr(reproduce, "_available", lambda dataset, data_dir: True)  # every cell, whatever data is here
+    built = {}
+    for table, (paper, _) in reproduce.TABLES.items():
+        todo, _ = reproduce.cells(table)
+        assert todo, table
+        for cell in todo:
+            cfg = trial_config({"rounds": 1}, {"cell": cell, "seed": 0})
+            assert cfg.protocol == ("fedpac" if paper.startswith("FedPAC") else "pfllib")
+            if paper.startswith("FedPAC"):
+                assert (cfg.batch_size, cfg.local_epochs, cfg.momentum, cfg.full_last_round) == ((100 if cfg.dataset == "emnist" else 50), 5, 0.5, True)
+                assert cfg.groups == (3 if cfg.dataset == "emnist" else 5) and cfg.augment == (cfg.dataset in ("cifar10", "cinic10"))
+            else:
+                assert (cfg.batch_size, cfg.local_epochs, cfg.momentum) == (10, 1, 0.0)
+            if cfg.dataset == "fmnist" and DEBIAN_FMNIST.exists():
+                key = (cfg.partition, cfg.clients, cfg.groups)
+                if key not in built:  # FedPAC's 100-client cells included: the pac partition reuses samples
+                    built[key] = build_data(cfg, CPU)
+                sim = build_simulation(cfg, built[key])
+                assert sim.data.num_clients == cfg.clients
+    if DEBIAN_FMNIST.exists():
+        assert ("pac:20", 100, 5) in built and ("dir:0.1", 20, 5) in built
