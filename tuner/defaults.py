@@ -69,15 +69,13 @@ RUN_SETTINGS = ("backbone", "lr", "batch_size", "local_epochs", "momentum", "wei
 def paper_defaults(protocol: str, family: str, dataset: str, backbone: str | None) -> dict[str, Any]:
     """The table's settings for one run; `backbone` None lets the table choose it first."""
     if backbone is None:
-        backbone = _apply(protocol, family, dataset, None, only_backbone=True)["backbone"]
-    return {**_apply(protocol, family, dataset, backbone, only_backbone=False), "backbone": backbone}
+        backbone = _merge([r for r in RULES if "backbone" in r.settings], protocol, family, dataset, None)["backbone"]
+    return {**_merge([r for r in RULES if "backbone" not in r.settings], protocol, family, dataset, backbone), "backbone": backbone}
 
 
-def _apply(protocol, family, dataset, backbone, only_backbone: bool) -> dict[str, Any]:
+def _merge(rules: list[Rule], protocol: str, family: str, dataset: str, backbone: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for rule in RULES:
-        if only_backbone != ("backbone" in rule.settings) or rule.backbone is not None and only_backbone:
-            continue
+    for rule in rules:
         if rule.matches(protocol, family, dataset, backbone):
             out.update(rule.settings)
     return out
