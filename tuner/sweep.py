@@ -250,7 +250,7 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 def run_stage(
     sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
     *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
-    rounds: int, metric: str, resume: bool, extra: dict | None = None,
+    rounds: int, metric: str, resume: bool, extra: dict | None = None, budgeted: bool = False,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     start_ray(res)
@@ -274,10 +274,13 @@ def run_stage(
             ),
         )
     grid = tuner.fit()
-    unfinished = [t for t in tune.ExperimentAnalysis(str(path)).trials if t.status not in ("TERMINATED", "ERROR")]
+    trials = tune.ExperimentAnalysis(str(path)).trials
+    unfinished = len([t for t in trials if t.status not in ("TERMINATED", "ERROR")])
+    if not budgeted:  # a stop before the searcher made a trial leaves no trace but the count (a round budget ends sweeps so)
+        unfinished += max(0, (expected or samples) - len(trials))
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
         raise Interrupted(
-            f"Stopped with {len(unfinished)} trials unfinished; finished trials and checkpoints are in {path}. "
+            f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
             "Run the same command with --resume to continue."
         )
     return grid
@@ -315,7 +318,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
         searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
-        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=restoring,
+        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=restoring, budgeted=space.stop.max_total_rounds is not None,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
     best = _best(grid, space.metric)
