@@ -1,36 +1,15 @@
 """Each loader reads small files that the test writes in that dataset's exact on-disk format."""
 
-import gzip
 import pickle
-import struct
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from written_data import rng, write_idx, write_image, write_mnist_like
 from tuner.data.datasets import DEBIAN_FMNIST, load_dataset, read_idx
 from tuner.errors import UserError
-
-rng = np.random.default_rng(0)
-
-
-def write_idx(path, array, compress):
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if compress:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
-def write_mnist_like(folder, prefix="", n_train=12, n_test=8, classes=10, compress=True):
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("test", n_test)):
-        stem = f"{prefix}-{split}" if prefix else ("train" if split == "train" else "t10k")
-        write_idx(folder / f"{stem}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)), compress)
-        write_idx(folder / f"{stem}-labels-idx1-ubyte", np.arange(n) % classes, compress)
+from tuner.models import build_backbone
 
 
 def test_idx_reader_checks_format(tmp_path):
@@ -82,17 +61,12 @@ def test_cifar_pickles(tmp_path):
     assert ds.num_classes == 100 and ds.y.tolist() == [5, 50, 99] * 2
 
 
-def _image(path, size):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
-
-
 def test_tinyimagenet_release_layout(tmp_path):
     base = tmp_path / "tiny-imagenet-200"
     for wnid in ("n01", "n02"):
         for k in range(2):
-            _image(base / "train" / wnid / "images" / f"{wnid}_{k}.JPEG", 64)
-    _image(base / "val" / "images" / "val_0.JPEG", 64)
+            write_image(base / "train" / wnid / "images" / f"{wnid}_{k}.JPEG", 64)
+    write_image(base / "val" / "images" / "val_0.JPEG", 64)
     (base / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn02\t0\t0\t10\t10\n")
     ds = load_dataset("tinyimagenet", tmp_path, download=False)
     assert ds.x.shape == (5, 3, 64, 64) and ds.y.tolist() == [0, 0, 1, 1, 1]
@@ -101,7 +75,7 @@ def test_tinyimagenet_release_layout(tmp_path):
 def test_cinic10_class_folders(tmp_path):
     for split in ("train", "valid", "test"):
         for cls in ("airplane", "cat"):
-            _image(tmp_path / split / cls / "a.png", 32)
+            write_image(tmp_path / split / cls / "a.png", 32)
     ds = load_dataset("cinic10", tmp_path, download=False)
     assert ds.x.shape == (6, 3, 32, 32) and sorted(ds.y.tolist()) == [0, 0, 0, 1, 1, 1]
 
@@ -112,6 +86,8 @@ def test_agnews_csv_release(tmp_path):
     ds = load_dataset("agnews", tmp_path, download=False)
     assert ds.y.tolist() == [2, 0, 3] and ds.x.shape == (3, 200) and ds.num_classes == 4
     assert (ds.x[0] > 0).sum() == 7 and (ds.x[0, 7:] == 0).all()  # seven tokens, then padding
+    assert ds.vocab == int(ds.x.max()) + 1 == 20  # 18 distinct words, padding and unknown: fastText's embedding rows
+    assert build_backbone("fasttext", ds.input_shape, 4, ds.vocab).body[0].embedding.num_embeddings == 20
 
 
 def test_har_text_files(tmp_path):

@@ -269,10 +269,11 @@ class VectorizedExecutor(Executor):
             rows_t = torch.tensor(rows, device=device)
             state = {k: v[rows_t] for k, v in states.items()}
             counts = [split.counts[ids[j]] for j in rows]
+            width = min(eb, max(counts[0], 1))  # no wider than the largest client: padding costs a full forward pass
             total: State = {}
-            for start in range(0, max(counts[0], 1), eb):
+            for start in range(0, max(counts[0], 1), width):
                 a = max(1, sum(1 for c in counts if c > start))
-                index, mask = split.padded_index([ids[j] for j in rows[:a]], start, eb)
+                index, mask = split.padded_index([ids[j] for j in rows[:a]], start, width)
                 index, mask = index.to(device), mask.to(device)
                 part_out = mapped({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index], mask.float())
                 if not total:

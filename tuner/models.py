@@ -120,7 +120,10 @@ def mlp(input_shape, num_classes):
 
 BACKBONES = {"cnn4": cnn4, "pac_cnn": pac_cnn, "resnet18": resnet18, "fasttext": fasttext, "harcnn": harcnn, "mlp": mlp}
 
-def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int) -> Backbone:
+def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, vocab: int | None = None) -> Backbone:
+    """vocab: for token inputs, how many token ids the data has (fastText's embedding rows; 32000 unless given)."""
     if name not in BACKBONES:
         raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}.")
+    if name == "fasttext" and vocab is not None:
+        return fasttext(tuple(input_shape), num_classes, vocab)
     return BACKBONES[name](tuple(input_shape), num_classes)

@@ -87,7 +87,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes).to(device)
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device)
         method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
     settings = EngineSettings(
         seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,

@@ -35,6 +35,7 @@ class Dataset:
     num_classes: int
     kind: str  # "image", "signal" or "text"
     pac_groups: list[list[int]] | None = None  # FedPAC's dominant class sets, where the paper fixes them
+    vocab: int | None = None  # text: token ids are below this (the embedding's rows)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -301,7 +302,7 @@ def load_agnews(data_dir: Path | None, download: bool) -> Dataset:
     for i, t in enumerate(texts):
         row = [vocab.get(tok, 1) for tok in t[:AGNEWS_MAX_LEN]]
         ids[i, : len(row)] = row
-    return Dataset("agnews", torch.from_numpy(ids), torch.tensor(labels, dtype=torch.int64), 4, "text")
+    return Dataset("agnews", torch.from_numpy(ids), torch.tensor(labels, dtype=torch.int64), 4, "text", vocab=len(vocab) + 2)
 
 
 # ---------------------------------------------------------------- UCI HAR (text files)

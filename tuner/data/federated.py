@@ -55,6 +55,7 @@ class FederatedData:
     input_shape: tuple[int, ...]
     group: np.ndarray
     decode: Callable[[torch.Tensor], torch.Tensor]
+    vocab: int | None = None  # text: how many token ids there are
 
     @property
     def num_clients(self) -> int:
@@ -97,4 +98,4 @@ def build(ds: Dataset, part: Partition, shift: str, seed: int, normalize: str, d
         return Split(torch.cat(xs).to(device), torch.cat(ys).to(device), [len(p) for p in parts])
 
     val = make(part.val) if any(len(v) for v in part.val) else None
-    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize))
+    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize), ds.vocab)
