@@ -5,15 +5,24 @@ under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac
 """
 
 from algorithms import fedcp, fedpac, gpfl
+from algorithms.apfl import APFL
 from algorithms.base import Method, Net, Phase, Training
+from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
 from algorithms.fedavg_ft import FedAvgFT
+from algorithms.fedbabu import FedBABU
 from algorithms.fedper import FedPer
+from algorithms.fedproto import FedProto
 from algorithms.fedprox import FedProx
 from algorithms.fedrep import FedRep
+from algorithms.fedrod import FedRoD
+from algorithms.lgfedavg import LGFedAvg
 from algorithms.local import Local
+from algorithms.perfedavg import PerFedAvg
+from algorithms.scaffold import SCAFFOLD
 
-_ALL = [FedAvg, FedProx, Local, FedAvgFT, FedPer, FedRep, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
+BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedProto]
+_ALL = [*BASELINES, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
 __all__ = ["METHODS", "Method", "Net", "Phase", "Training"]

@@ -57,6 +57,18 @@ class Net:
     def head(self, state: State, h: torch.Tensor, prefix: str = "head.") -> torch.Tensor:
         return self._call("head", state, prefix, h)
 
+    def is_buffer(self, key: str) -> bool:
+        """BatchNorm statistics, of the backbone or of a copy of it under another prefix ("global.body.bn1.running_mean")."""
+        return key.endswith(tuple(self.buffer_keys))
+
+    def logits(self, state: State, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
+        """The whole backbone; `prefix` names a copy of it held in the same state ("global.")."""
+        return self.head(state, self.features(state, x, prefix + "body."), prefix + "head.")
+
+    def copy(self, model: State, prefix: str) -> State:
+        """A second model in a client's state: the backbone's tensors under `prefix`."""
+        return {prefix + k: model[k].clone() for k in self.param_keys + self.buffer_keys}
+
     def keys(self, prefixes: tuple[str, ...], params_only: bool = True) -> list[str]:
         pool = self.param_keys if params_only else self.param_keys + self.buffer_keys
         return [k for k in pool if k.startswith(prefixes)]
@@ -72,6 +84,7 @@ class Phase:
     momentum: float = 0.0
     weight_decay: float = 0.0
     loss: Callable[..., torch.Tensor] | None = None  # (state, server, x, y) -> scalar; None: the method's loss
+    steps: int | None = None  # at most this many minibatch steps (None: every batch of every epoch)
 
 
 @dataclass
@@ -116,7 +129,7 @@ class Method:
 
     @property
     def uploads(self) -> bool:
-        return bool(self.shared)
+        return bool(self.shared) or type(self).upload is not Method.upload
 
     # --- what clients and the server hold
     def init_client(self, model: State) -> State:
@@ -127,7 +140,7 @@ class Method:
 
     def is_shared(self, key: str) -> bool:
         """Shared: under a shared prefix, BatchNorm statistics excepted (they stay with each client)."""
-        return key.startswith(self.shared) and key not in self.net.buffer_keys
+        return key.startswith(self.shared) and not self.net.is_buffer(key)
 
     # --- one round
     def broadcast(self, client: State, server: State, index: torch.Tensor) -> State:
@@ -143,11 +156,11 @@ class Method:
     def end_local(self, client: State, server: State, stats: State) -> State:
         return client
 
-    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None) -> Phase:
+    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None) -> Phase:
         """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss)
+        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss, steps)
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]
@@ -164,7 +177,7 @@ class Method:
 
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
-        return self.net.head(state, self.net.features(state, x))
+        return self.net.logits(state, x)
 
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""

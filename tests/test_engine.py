@@ -28,12 +28,12 @@ def test_vectorized_equals_sequential(method):
     # Two rounds: batched and single kernels round differently and some ablations amplify that ~100x a
     # round (GPFL-noGCE: 4e-7 after one round, 3e-3 after three; FedCP-noSS reached 1.2e-4 on a loaded
     # machine); real mismatches (a wrong tensor, a missed step) are 1e-2 and more.
+    # Sums over samples (FedProto's class sums, ~100) carry rounding in proportion to their size.
     seq, seq_rows = run_rounds(digits(method, executor="sequential"), 2)
     vec, vec_rows = run_rounds(digits(method, executor="vectorized"), 2)
-    for k in seq.clients:
-        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-3, atol=5e-4)
-    for k in seq.server:
-        torch.testing.assert_close(vec.server[k], seq.server[k], rtol=1e-3, atol=5e-4)
+    for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=5e-4 * max(1.0, a[k].abs().max().item()))
     for a, b in zip(seq_rows, vec_rows):
         assert a["clients"] == b["clients"]
         for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):

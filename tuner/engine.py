@@ -108,9 +108,9 @@ class Executor:
 
         return grad_and_value(f)
 
-    def _schedules(self, ids: list[int], rnd: int, stream: int, epochs: int) -> list[torch.Tensor]:
+    def _schedules(self, ids: list[int], rnd: int, stream: int, phase: Phase) -> list[torch.Tensor]:
         s = self.settings
-        return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], s.batch_size, epochs) for i in ids]
+        return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], s.batch_size, phase.epochs)[: phase.steps] for i in ids]
 
     def _draws(self, ids: list[int], rnd: int, stream: int, schedules: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Each client's augmentation draws, one per scheduled sample; None without augmentation."""
@@ -125,8 +125,8 @@ class Executor:
 
     def _trainable(self, phase: Phase, state: State) -> list[str]:
         """A phase trains every floating tensor under its prefixes except BatchNorm statistics."""
-        stats = set(self.method.net.buffer_keys)
-        return [k for k, v in state.items() if k.startswith(phase.trains) and k not in stats and v.is_floating_point()]
+        net = self.method.net
+        return [k for k, v in state.items() if k.startswith(phase.trains) and not net.is_buffer(k) and v.is_floating_point()]
 
 
 class SequentialExecutor(Executor):
@@ -146,7 +146,7 @@ class SequentialExecutor(Executor):
         for p_idx, phase in enumerate(phases):
             grad_fn = self._step_loss(phase)
             keys = self._trainable(phase, cohort)
-            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
+            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase)
             draws = self._draws(ids, rnd, stream_base + p_idx, scheds)
             for j, (i, sched) in enumerate(zip(ids, scheds)):
                 params = {k: cohort[k][j].clone() for k in keys}
@@ -218,7 +218,7 @@ class VectorizedExecutor(Executor):
         for p_idx, phase in enumerate(phases):
             step = vmap(self._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="different")
             keys = self._trainable(phase, cohort)
-            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase.epochs)
+            scheds = self._schedules(ids, rnd, stream_base + p_idx, phase)
             draws = self._draws(ids, rnd, stream_base + p_idx, scheds)
 
             def run_chunk(part: range) -> None:

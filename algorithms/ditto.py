@@ -1,0 +1,43 @@
+"""Ditto (Li, Hu, Beirami & Smith, ICML 2021): a global model trained as in FedAvg, and a personal
+model pulled towards it.
+
+Shared: the global model w ("global.body.", "global.head."). Personal: v_i ("body.", "head.").
+Local round (Algorithm 1): the local epochs of w on cross-entropy (FedAvg's update), then
+`personal_epochs` of v_i on F_i(v_i) + λ/2 ‖v_i − w^t‖² (eq. 2), w^t the global model received
+this round.
+Upload: w. Server: sample-weighted mean. Prediction: v_i.
+"""
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from algorithms.base import Method
+
+GLOBAL = "global."
+
+
+@dataclass
+class DittoHparams:
+    lam: float = 1.0  # λ, pull of the personal model to the global one (FedPAC's tuned value)
+    personal_epochs: int = 1  # epochs of v_i per round
+
+
+class Ditto(Method):
+    name = "ditto"
+    title = "Ditto"
+    Hparams = DittoHparams
+    shared = (GLOBAL,)
+
+    def init_client(self, model):
+        return {**super().init_client(model), **self.net.copy(model, GLOBAL)}
+
+    def phases(self):
+        return [self.sgd((GLOBAL,), loss=self.global_loss), self.sgd(("body.", "head."), self.hp.personal_epochs)]
+
+    def global_loss(self, state, server, x, y):
+        return F.cross_entropy(self.net.logits(state, x, GLOBAL), y)
+
+    def loss(self, state, server, x, y):
+        pull = sum(((state[k] - server[GLOBAL + k]) ** 2).sum() for k in self.net.param_keys)
+        return F.cross_entropy(self.net.logits(state, x), y) + self.hp.lam / 2 * pull  # eq. 2

@@ -1,0 +1,59 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020): control variates correct the clients' drift.
+
+Shared: the whole model x and the server control variate c ("scaffold.c."). Personal: the
+client control variate c_i ("scaffold.ci.").
+Local step (Algorithm 1, line 10): y ← y − η (g_i(y) + c − c_i), an SGD step on
+f_i(y) + ⟨y, c − c_i⟩.
+After the K local steps (option II, line 12): c_i⁺ = c_i − c + (x − y_i) / (K η).
+Upload: y_i and Δc_i = c_i⁺ − c_i. Server (lines 16-17, global step size 1): x = sample-weighted
+mean of the y_i; c ← c + (|S| / N) · mean(Δc_i), so that c stays the mean of all clients' c_i.
+Prediction: the global model.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from algorithms.base import Method, weighted_mean
+
+C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
+CLIENTS = "scaffold.clients"
+
+
+class SCAFFOLD(Method):
+    name = "scaffold"
+    title = "SCAFFOLD"
+    shared = ("body.", "head.")
+    stats_after = True  # n_i, for the number of local steps K
+
+    def init_client(self, model):
+        zeros = {pre + k: torch.zeros_like(model[k]) for k in self.net.param_keys for pre in (CI, DELTA)}
+        return {**super().init_client(model), **zeros}
+
+    def init_server(self, model, num_clients):
+        c = {C + k: torch.zeros_like(model[k]) for k in self.net.param_keys}
+        return {**super().init_server(model, num_clients), **c, CLIENTS: torch.tensor(float(num_clients), device=model[self.net.param_keys[0]].device)}
+
+    def loss(self, state, server, x, y):
+        correction = sum((state[k] * (server[C + k] - state[CI + k])).sum() for k in self.net.param_keys)
+        return F.cross_entropy(self.net.logits(state, x), y) + correction
+
+    def statistics(self, state, server, x, y, w):
+        return {"n": w.sum()}
+
+    def end_local(self, client, server, stats):
+        t = self.training
+        steps = t.local_epochs * torch.div(stats["n"], t.batch_size, rounding_mode="floor")  # K (last partial batch dropped)
+        out = {}
+        for k in self.net.param_keys:
+            new = client[CI + k] - server[C + k] + (server[k] - client[k]) / (steps.clamp(min=1) * t.lr)  # option II
+            out |= {CI + k: new, DELTA + k: new - client[CI + k]}
+        return out
+
+    def upload(self, client, server):
+        return {k: client[k] for k in [*self.net.param_keys, *(DELTA + k for k in self.net.param_keys)]}
+
+    def aggregate(self, server, uploads, weights, ids):
+        model = weighted_mean({k: uploads[k] for k in self.net.param_keys}, weights)
+        share = len(ids) / server[CLIENTS]
+        control = {C + k: server[C + k] + share * uploads[DELTA + k].mean(0) for k in self.net.param_keys}
+        return {**server, **model, **control}
