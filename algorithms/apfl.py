@@ -4,7 +4,9 @@ Shared: the global model w ("global."). Personal: the local model v_i ("body.", 
 Local step (Algorithm 1), all three from one minibatch:
   w ← w − η ∇f_i(w);  v ← v − η ∇_v f_i(v̄);  α ← α − η ∇_α f_i(v̄),  v̄ = α v + (1 − α) w,
 which is one SGD step on f_i(w) + f_i(α v + (1 − α) sg(w)) (sg: w gets no gradient from the mix).
-α is used clipped to [0, 1] and projected there after each round (the paper projects every step).
+With adapt_alpha, α_i follows its gradient too, used clipped to [0, 1] and projected there after
+each round (the paper projects every step); by default α_i stays at its tuned value, as in
+FedPAC's comparison (α = 0.25) and the reference implementations' default.
 Upload: w. Server: sample-weighted mean. Prediction: the mixed model v̄.
 """
 
@@ -21,7 +23,8 @@ ALPHA = "apfl.alpha"
 
 @dataclass
 class APFLHparams:
-    alpha: float = 0.25  # α_i's start (FedPAC's tuned value)
+    alpha: float = 0.25  # α_i, the local model's share (FedPAC's tuned value)
+    adapt_alpha: bool = False  # learn α_i by gradient (the paper's adaptive APFL); else keep it fixed
 
 
 class APFL(Method):
@@ -35,7 +38,7 @@ class APFL(Method):
         return {**super().init_client(model), **self.net.copy(model, GLOBAL), ALPHA: alpha}
 
     def phases(self):
-        return [self.sgd((GLOBAL, "body.", "head.", ALPHA))]
+        return [self.sgd((GLOBAL, "body.", "head.", *([ALPHA] if self.hp.adapt_alpha else [])))]
 
     def mixed(self, state, detach_global: bool):
         a = state[ALPHA].clamp(0.0, 1.0)

@@ -33,6 +33,9 @@ class FedRoD(Method):
         count = stats["count"]
         return {PRIOR: torch.log((count / count.sum().clamp(min=1)).clamp(min=1e-12))}  # absent classes: ~ -28
 
+    def phases(self):
+        return [self.sgd(("body.", "head.", PERSONAL + "head."))]
+
     def loss(self, state, server, x, y):
         z = self.net.features(state, x)
         generic = self.net.head(state, z)
