@@ -4,7 +4,7 @@ Ablations and variants are the same method with other hyperparameter defaults, r
 under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, ...).
 """
 
-from algorithms import fedcp, fedpac, gpfl
+from algorithms import fedcp, fedem, fedpac, gpfl, hypcluster
 from algorithms.apfl import APFL
 from algorithms.base import Method, Net, Phase, Training
 from algorithms.ditto import Ditto
@@ -19,10 +19,12 @@ from algorithms.fedrod import FedRoD
 from algorithms.lgfedavg import LGFedAvg
 from algorithms.local import Local
 from algorithms.perfedavg import PerFedAvg
+from algorithms.pfedme import PFedMe
 from algorithms.scaffold import SCAFFOLD
 
-BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedProto]
-_ALL = [*BASELINES, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
+BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedProto,
+             hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
+_ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
 __all__ = ["METHODS", "Method", "Net", "Phase", "Training"]

@@ -20,6 +20,8 @@ mutate its inputs. This package depends on torch only.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Callable, ClassVar
 
@@ -68,6 +70,20 @@ class Net:
     def copy(self, model: State, prefix: str) -> State:
         """A second model in a client's state: the backbone's tensors under `prefix`."""
         return {prefix + k: model[k].clone() for k in self.param_keys + self.buffer_keys}
+
+    def fresh(self, seed: int) -> State:
+        """Another random initialisation of the backbone, the same for a given seed (k-model methods)."""
+        module = copy.deepcopy(self.module)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in module.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+        return {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+
+    def stacked(self, models: list[State], prefix: str) -> State:
+        """Several models in one state: each tensor under `prefix`, stacked along a new dim 0."""
+        return {prefix + k: torch.stack([m[k] for m in models]) for k in self.param_keys + self.buffer_keys}
 
     def keys(self, prefixes: tuple[str, ...], params_only: bool = True) -> list[str]:
         pool = self.param_keys if params_only else self.param_keys + self.buffer_keys

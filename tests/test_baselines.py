@@ -42,7 +42,8 @@ def test_resume_from_a_state_dict_is_exact(method):
 
 
 # Per-FedAvg's meta step β = 0.001 (PFLlib's default, tuned for 2000 rounds) moves too little in five.
-PERSONALISED = {"per-fedavg": {"beta": 0.05}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {}}
+PERSONALISED = {"per-fedavg": {"beta": 0.05}, "pfedme": {}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {},
+                "hypcluster": {}, "fedem-ft-m3": {}}  # fmt: skip
 
 
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
@@ -171,3 +172,52 @@ def test_per_fedavg_steps_on_the_adapted_models_gradient():
 
 def test_every_table_baseline_is_a_method():
     assert {"scaffold", "per-fedavg", "ditto", "apfl", "fedrod", "fedbabu", "lg-fedavg", "fedproto"} <= set(METHODS)
+
+
+def test_pfedme_solves_the_envelope_and_moves_w_towards_theta():
+    sim = sim_for("pfedme", 1)
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0)
+    keys = m.net.param_keys
+    theta = m.personal(state, x, y)
+    envelope = lambda th: F.cross_entropy(m.net.logits({**state, **th}, x), y) + m.hp.lam / 2 * sum(  # noqa: E731
+        ((th[k] - state[k]) ** 2).sum() for k in keys
+    )
+    start = {k: state["me." + k] for k in keys}
+    assert envelope(theta) < envelope(start)  # K steps descend eq. 7 from the current θ
+    params = {k: state[k] for k in keys} | {"me." + k: state["me." + k] for k in keys}
+    g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))(params)
+    for k in keys:
+        torch.testing.assert_close(g[k], m.hp.lam * (state[k] - theta[k]))  # eq. 8
+        torch.testing.assert_close(state["me." + k] - m.training.lr * g["me." + k], theta[k])  # θ lands on θ*
+
+
+def test_hypcluster_clients_take_the_model_of_lowest_loss_and_clusters_average_their_choosers():
+    sim = sim_for("hypcluster", 1, join_ratio="1", hparams={"k": 3})
+    m = sim.method
+    before = {k: v.clone() for k, v in sim.server.items()}
+    sim.step()
+    choice = sim.clients["hyp.choice"]
+    assert torch.equal(choice.sum(1), torch.ones(6))
+    for i in range(6):  # the choice is the model of lowest loss on the client's training data, before training
+        x, y = sim.data.train.client(i)
+        losses = [F.cross_entropy(m.net.logits({k: before["hyp.model." + k][j] for k in m.net.param_keys}, sim.data.decode(x)), y, reduction="sum")
+                  for j in range(3)]  # fmt: skip
+        assert choice[i].argmax() == torch.stack(losses).argmin()
+    n = torch.tensor(sim.data.train.counts, dtype=torch.float32)
+    key = m.net.param_keys[0]
+    for j in range(3):
+        w = choice[:, j] * n
+        if w.sum() > 0:
+            expected = torch.tensordot(w / w.sum(), sim.clients[key], dims=1)
+            torch.testing.assert_close(sim.server["hyp.model." + key][j], expected, atol=1e-6, rtol=1e-4)
+
+
+def test_fedem_mixture_weights_are_mean_responsibilities_and_prediction_is_the_mixture():
+    sim = sim_for("fedem", 2)
+    m, state = sim.method, client(sim, 0)
+    pi = state["em.pi"]
+    assert pi.sum().item() == pytest.approx(1.0) and not torch.allclose(pi, torch.full_like(pi, 1 / 3))
+    x = batch(sim, 0, 5, "test")[0]
+    probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
+    torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(pi, probs, dims=1))

@@ -1,0 +1,68 @@
+"""pFedMe (T. Dinh, Tran & Nguyen, NeurIPS 2020): personalised models as Moreau envelopes.
+
+Shared: the local copy w_i of the global model ("body.", "head."). Personal: θ_i ("me.").
+Local step (Algorithm 1) on each minibatch: θ_i ← the approximate minimiser of
+f_i(θ; D) + λ/2 ‖θ − w_i‖² after K gradient steps of size `personal_lr` from the current θ_i (eq. 7);
+then w_i ← w_i − η λ (w_i − θ_i) (eq. 8).
+Both updates are one SGD step of size η on λ/2 ‖w − sg(θ*)‖² + ‖θ − sg(θ*)‖² / (2η): its
+gradient moves w by η λ (w − θ*) and sets θ to θ* exactly (no momentum or weight decay here).
+Upload: w_i. Server (eq. 10): w ← (1 − β) w + β · sample-weighted mean of the w_i.
+Prediction: θ_i.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch.nn.functional as F
+from torch.func import grad
+
+from algorithms.base import Method
+
+PERSONAL = "me."
+
+
+@dataclass
+class PFedMeHparams:
+    lam: float = 10.0  # λ, the Moreau envelope's pull (FedPAC's tuned value)
+    inner_steps: int = 5  # K (FedPAC's tuned value)
+    personal_lr: float = 0.01  # step size of the K inner steps
+    beta: float = 1.0  # β, the server's mixing of the old global model and the clients' mean
+
+
+class PFedMe(Method):
+    name = "pfedme"
+    title = "pFedMe"
+    Hparams = PFedMeHparams
+
+    def init_client(self, model):
+        return {**super().init_client(model), **self.net.copy(model, PERSONAL)}
+
+    def phases(self):
+        phase = self.sgd(("body.", "head.", PERSONAL))
+        return [replace(phase, momentum=0.0, weight_decay=0.0)]  # the θ step is exact only for plain SGD
+
+    def personal(self, state, x, y):
+        """K steps on f_i(θ) + λ/2 ‖θ − w‖² from the current θ (eq. 7)."""
+        keys = self.net.param_keys
+        w = {k: state[k].detach() for k in keys}
+        objective = lambda th: F.cross_entropy(self.net.logits({**state, **th}, x), y) + self.hp.lam / 2 * sum(  # noqa: E731
+            ((th[k] - w[k]) ** 2).sum() for k in keys
+        )
+        theta = {k: state[PERSONAL + k].detach() for k in keys}
+        for _ in range(self.hp.inner_steps):
+            g = grad(objective)(theta)
+            theta = {k: theta[k] - self.hp.personal_lr * g[k] for k in keys}
+        return {k: v.detach() for k, v in theta.items()}
+
+    def loss(self, state, server, x, y):
+        theta = self.personal(state, x, y)
+        keys = self.net.param_keys
+        pull = self.hp.lam / 2 * sum(((state[k] - theta[k]) ** 2).sum() for k in keys)  # eq. 8 as a gradient step
+        settle = sum(((state[PERSONAL + k] - theta[k]) ** 2).sum() for k in keys) / (2 * self.training.lr)
+        return pull + settle
+
+    def aggregate(self, server, uploads, weights, ids):
+        mean = super().aggregate(server, uploads, weights, ids)
+        return {k: (1 - self.hp.beta) * server[k] + self.hp.beta * mean[k] for k in mean}  # eq. 10
+
+    def logits(self, state, server, x):
+        return self.net.logits(state, x, PERSONAL)
