@@ -9,9 +9,11 @@ from algorithms.apfl import APFL
 from algorithms.base import Method, Net, Phase, Training
 from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
+from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fedbabu import FedBABU
 from algorithms.fedper import FedPer
+from algorithms.fedphp import FedPHP
 from algorithms.fedproto import FedProto
 from algorithms.fedprox import FedProx
 from algorithms.fedrep import FedRep
@@ -22,8 +24,8 @@ from algorithms.perfedavg import PerFedAvg
 from algorithms.pfedme import PFedMe
 from algorithms.scaffold import SCAFFOLD
 
-BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedProto,
-             hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
+BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
+             FedProto, FedAMP, hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
 _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

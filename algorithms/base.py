@@ -113,6 +113,7 @@ class Training:
     num_classes: int
     momentum: float = 0.0
     weight_decay: float = 0.0
+    rounds: int = 1  # the run's communication rounds, for schedules over training (FedPHP)
 
 
 @dataclass

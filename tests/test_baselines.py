@@ -11,10 +11,10 @@ from tuner.config import RunConfig
 from tuner.run import build_simulation
 
 
-def sim_for(method, rounds=0, **kw):
-    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05)
+def sim_for(method, steps=0, **kw):
+    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05, rounds=max(steps, 5))
     sim = build_simulation(RunConfig(**{**base, **kw}))
-    for _ in range(rounds):
+    for _ in range(steps):
         sim.step()
     return sim
 
@@ -43,7 +43,7 @@ def test_resume_from_a_state_dict_is_exact(method):
 
 # Per-FedAvg's meta step β = 0.001 (PFLlib's default, tuned for 2000 rounds) moves too little in five.
 PERSONALISED = {"per-fedavg": {"beta": 0.05}, "pfedme": {}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {},
-                "hypcluster": {}, "fedem-ft-m3": {}}  # fmt: skip
+                "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}}  # fmt: skip
 
 
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
@@ -221,3 +221,33 @@ def test_fedem_mixture_weights_are_mean_responsibilities_and_prediction_is_the_m
     x = batch(sim, 0, 5, "test")[0]
     probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
     torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(pi, probs, dims=1))
+
+
+def test_fedamp_cloud_models_weigh_similar_clients_more():
+    sim = sim_for("fedamp", 1, join_ratio="1", hparams={"sigma": 50.0, "alpha_k": 5.0})
+    m, keys = sim.method, sim.method.net.param_keys
+    uploads = {k: sim.clients[k].clone() for k in keys}
+    uploads = {k: v.clone() for k, v in uploads.items()}
+    for k in keys:  # clients 1 and 2 copy client 0; the others stay apart
+        uploads[k][1] = uploads[k][0] + 1e-3
+        uploads[k][2] = uploads[k][0] - 1e-3
+    out = m.aggregate(sim.server, uploads, torch.ones(6), torch.arange(6))
+    k = keys[0]
+    cloud, own = out["amp.u." + k][0], uploads[k][0]
+    near = (cloud - own).norm() / (uploads[k][3] - own).norm()
+    assert near < 0.5  # client 0's aggregate sits with its look-alikes, not at the federation's mean
+    assert not torch.allclose(out["amp.u." + k][0], out["amp.u." + k][3])  # one personalised aggregate per client
+
+
+def test_fedphp_inherits_more_of_the_private_model_as_rounds_go_on_and_learns_from_the_global_teacher():
+    sim = sim_for("fedphp", 2, join_ratio="1", rounds=4)
+    m, k = sim.method, sim.method.net.param_keys[0]
+    state, server = client(sim, 0), sim.server
+    mu = m.hp.mu * 3 / 4  # round 3 of 4
+    received = m.broadcast(state, server, torch.tensor(0))
+    torch.testing.assert_close(received[k], (1 - mu) * server[k] + mu * state[k])
+    torch.testing.assert_close(received["php.teacher." + k], server[k])
+    x, y = batch(sim, 0)
+    params = {p: received[p] for p in m.net.param_keys + ["php.teacher." + q for q in m.net.param_keys]}
+    g = grad(lambda p: m.loss({**received, **p}, server, x, y))(params)
+    assert all(g["php.teacher." + q].abs().sum() == 0 for q in m.net.param_keys)  # the teacher is not trained

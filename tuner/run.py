@@ -84,7 +84,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     data = data or build_data(cfg, device)
     check_batches(cfg, data)
     method_cls = METHODS[cfg.method]
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay)
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay, cfg.rounds)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device)
