@@ -112,3 +112,12 @@ def test_every_shipped_space_loads(path):
 def test_a_variant_uses_its_methods_space():
     space = load_space(SPACES / "fedpac-grid.yaml", "fedpac-fa")
     assert space.method == "fedpac-fa" and space.samples == 5 and space.base_config().hparams["combine"] == "none"
+
+
+def test_every_method_has_a_shipped_space():
+    from algorithms import METHODS
+
+    import yaml
+
+    shipped = {yaml.safe_load(p.read_text())["method"] for p in SPACES.glob("*.yaml")}
+    assert {name for name, cls in METHODS.items() if not cls.family} <= shipped
