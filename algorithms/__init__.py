@@ -12,6 +12,7 @@ from algorithms.fedavg import FedAvg
 from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fedbabu import FedBABU
+from algorithms.fedfomo import FedFomo
 from algorithms.fedper import FedPer
 from algorithms.fedphp import FedPHP
 from algorithms.fedproto import FedProto
@@ -25,7 +26,7 @@ from algorithms.pfedme import PFedMe
 from algorithms.scaffold import SCAFFOLD
 
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
-             FedProto, FedAMP, hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
+             FedProto, FedAMP, FedFomo, hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
 _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

@@ -43,7 +43,7 @@ def test_resume_from_a_state_dict_is_exact(method):
 
 # Per-FedAvg's meta step β = 0.001 (PFLlib's default, tuned for 2000 rounds) moves too little in five.
 PERSONALISED = {"per-fedavg": {"beta": 0.05}, "pfedme": {}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {},
-                "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}}  # fmt: skip
+                "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}, "fedfomo": {}}  # fmt: skip
 
 
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
@@ -251,3 +251,18 @@ def test_fedphp_inherits_more_of_the_private_model_as_rounds_go_on_and_learns_fr
     params = {p: received[p] for p in m.net.param_keys + ["php.teacher." + q for q in m.net.param_keys]}
     g = grad(lambda p: m.loss({**received, **p}, server, x, y))(params)
     assert all(g["php.teacher." + q].abs().sum() == 0 for q in m.net.param_keys)  # the teacher is not trained
+
+
+def test_fedfomo_moves_towards_the_models_that_lower_its_loss_and_remembers_them():
+    sim = sim_for("fedfomo", 1, join_ratio="1", hparams={"m": 3})
+    m, k = sim.method, sim.method.net.param_keys[0]
+    state = m.broadcast(client(sim, 0), sim.server, torch.tensor(0))
+    assert 0 not in state["fomo.chosen"].tolist()
+    stats = {"own": torch.tensor(10.0), "others": torch.tensor([5.0, 20.0, 10.0]), "n": torch.tensor(1.0)}
+    out = m.begin_local(state, sim.server, stats)
+    assert out["fomo.weights"].tolist() == [1.0, 0.0, 0.0]  # only the candidate that lowers the loss, normalised
+    torch.testing.assert_close(out[k], state["fomo.cand." + k][0])
+    uploads = {key: v[:1] for key, v in sim.clients.items()} | {"fomo.weights": out["fomo.weights"][None], "fomo.chosen": state["fomo.chosen"][None]}
+    server = m.aggregate(sim.server, uploads, torch.ones(1), torch.tensor([0]))
+    first = state["fomo.chosen"][0]
+    assert server["fomo.affinity"][0, first] == sim.server["fomo.affinity"][0, first] + 1
