@@ -43,7 +43,8 @@ def test_resume_from_a_state_dict_is_exact(method):
 
 # Per-FedAvg's meta step β = 0.001 (PFLlib's default, tuned for 2000 rounds) moves too little in five.
 PERSONALISED = {"per-fedavg": {"beta": 0.05}, "pfedme": {}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {},
-                "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}, "fedfomo": {}}  # fmt: skip
+                "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}, "fedfomo": {},
+                "pfedhn": {"hn_lr": 0.1}}  # fmt: skip; pFedHN: its tuned step 0.01 needs hundreds of rounds
 
 
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
@@ -266,3 +267,16 @@ def test_fedfomo_moves_towards_the_models_that_lower_its_loss_and_remembers_them
     server = m.aggregate(sim.server, uploads, torch.ones(1), torch.tensor([0]))
     first = state["fomo.chosen"][0]
     assert server["fomo.affinity"][0, first] == sim.server["fomo.affinity"][0, first] + 1
+
+
+def test_pfedhn_server_step_moves_the_generated_model_towards_the_trained_one():
+    sim = sim_for("pfedhn", hparams={"hn_lr": 1e-3})  # a small step: first order, it must descend
+    m, keys = sim.method, sim.method.net.param_keys
+    ids = torch.tensor([0, 3])
+    generated = {k: torch.stack([m.generate(sim.server, i)[k] for i in ids]) for k in keys}
+    torch.testing.assert_close(sim.clients[keys[0]][3], generated[keys[0]][1])  # clients hold their generated models
+    trained = {k: v - 0.01 * torch.randn_like(v) for k, v in generated.items()}
+    server = m.aggregate(sim.server, trained, torch.ones(2), ids)
+    distance = lambda s: sum(((m.generate(s, ids[0])[k] - trained[k][0]) ** 2).sum() for k in keys)  # noqa: E731
+    assert distance(server) < distance(sim.server)
+    assert all(k.startswith(("hn.", "hn_momentum.")) for k in server)  # no model weights on the server, only φ

@@ -1,0 +1,82 @@
+"""pFedHN (Shamsian, Navon, Fetaya & Chechik, ICML 2021): a hypernetwork on the server generates
+each client's model.
+
+Server: the hypernetwork φ ("hn."): a client embedding v_i, an MLP of `layers` hidden layers of
+width `hidden`, and one linear head per backbone tensor; and its optimizer's momentum.
+Receiving: θ_i = h(v_i; φ) (BatchNorm statistics stay the client's own).
+Local round: the local epochs on cross-entropy from θ_i.
+Upload: the trained θ̃_i. Server (Algorithm 1): Δθ_i = θ_i − θ̃_i; φ takes one SGD step
+(momentum 0.9, weight decay 1e-3, step `hn_lr`) along Σ_i (∂θ_i/∂φ)ᵀ Δθ_i / |S|, the gradient
+of the round's clients together (the paper steps after each client).
+Prediction: the generated θ_i.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from algorithms.base import Method, prefixed, substate
+
+HN, MOMENTUM = "hn.", "hn_momentum."
+
+
+@dataclass
+class PFedHNHparams:
+    hn_lr: float = 0.01  # the hypernetwork's step (FedPAC's tuned value)
+    hidden: int = 100  # width of the hypernetwork's hidden layers (the paper's)
+    layers: int = 3  # hidden layers (the paper's)
+
+
+class Hypernetwork(nn.Module):
+    def __init__(self, clients: int, shapes: dict[str, torch.Size], hidden: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(clients, 1 + clients // 4)  # the paper's embedding size
+        blocks = [nn.Linear(1 + clients // 4, hidden)] + [nn.Linear(hidden, hidden) for _ in range(layers - 1)]
+        self.mlp = nn.Sequential(*[m for b in blocks for m in (b, nn.ReLU())])
+        self.heads = nn.ModuleDict({k.replace(".", "_"): nn.Linear(hidden, s.numel()) for k, s in shapes.items()})
+        self.shapes = shapes
+
+    def forward(self, index):
+        h = self.mlp(self.embed(index))
+        return {k: self.heads[k.replace(".", "_")](h).view(s) for k, s in self.shapes.items()}
+
+
+class PFedHN(Method):
+    name = "pfedhn"
+    title = "pFedHN"
+    Hparams = PFedHNHparams
+    shared = ()
+
+    def init_server(self, model, num_clients):
+        shapes = {k: model[k].shape for k in self.net.param_keys}
+        with torch.random.fork_rng(devices=[]):  # drawn from the run's seed, leaving the run's stream as it was
+            self.hypernetwork = Hypernetwork(num_clients, shapes, self.hp.hidden, self.hp.layers).to(model[self.net.param_keys[0]].device)
+        phi = prefixed(self.hypernetwork, HN)
+        return {**phi, **{MOMENTUM + k: torch.zeros_like(v) for k, v in phi.items()}}
+
+    def generate(self, server, index):
+        return functional_call(self.hypernetwork, substate(server, HN), (index,))
+
+    def broadcast(self, client, server, index):
+        return {**client, **self.generate(server, index)}
+
+    def upload(self, client, server):
+        return {k: client[k] for k in self.net.param_keys}
+
+    def aggregate(self, server, uploads, weights, ids):
+        phi = substate(server, HN)
+        delta = {k: (vmap(lambda i: self.generate(server, i))(ids)[k] - uploads[k]).detach() for k in self.net.param_keys}
+
+        def surrogate(p):  # its gradient: Σ_i (∂θ_i/∂φ)ᵀ Δθ_i / |S|
+            generated = vmap(lambda i: functional_call(self.hypernetwork, p, (i,)))(ids)
+            return sum((generated[k] * delta[k]).sum() for k in self.net.param_keys) / len(ids)
+
+        g = grad(surrogate)(phi)
+        out = dict(server)
+        for k, v in phi.items():
+            step = 0.9 * server[MOMENTUM + HN + k] + g[k] + 1e-3 * v  # SGD, momentum 0.9, weight decay 1e-3
+            out[MOMENTUM + HN + k] = step
+            out[HN + k] = v - self.hp.hn_lr * step
+        return out
