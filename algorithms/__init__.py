@@ -19,6 +19,7 @@ from algorithms.fedproto import FedProto
 from algorithms.fedprox import FedProx
 from algorithms.fedrep import FedRep
 from algorithms.fedrod import FedRoD
+from algorithms.knnper import KNNPer
 from algorithms.lgfedavg import LGFedAvg
 from algorithms.local import Local
 from algorithms.perfedavg import PerFedAvg
@@ -27,7 +28,8 @@ from algorithms.pfedme import PFedMe
 from algorithms.scaffold import SCAFFOLD
 
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
-             FedProto, FedAMP, FedFomo, PFedHN, hypcluster.HypCluster, fedem.FedEM]  # fmt: skip
+             FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
+             fedem.FedEM]  # fmt: skip
 _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

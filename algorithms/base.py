@@ -13,6 +13,23 @@ Per-client functions take the client's state first and the server's state second
     aggregate(server, uploads, weights, ids) -> server   (uploads stacked over the cohort `ids`)
     logits(state, server, x)      -> logits      how a client predicts (its personalized model)
 
+What else a method may declare, each used by a few methods and written once in the engine:
+    statistics(state, server, x, y, w) + stats_before / stats_after: sums over the client's
+        training data before / after local training, handed to begin_local / end_local
+        (FedPAC's feature statistics, FedRoD's label counts, SCAFFOLD's step count, HypCluster's
+        and FedFomo's losses of other models, FedEM's E-step, FedProto's prototypes);
+    several phases, each training some tensors with its own loss, epochs, lr or step cap
+        (FedRep, Ditto, Per-FedAvg's one adaptation step); a loss may itself run inner gradient
+        steps with torch.func (Per-FedAvg's MAML step, pFedMe's K steps);
+    more than one model per client: a copy of the backbone under a prefix (Net.copy, Net.logits
+        with a prefix, Net.stacked for k of them: Ditto, APFL, FedEM, FedPHP);
+    per-client state on the server: tensors with a client dimension that `broadcast(..., index)`
+        reads and `aggregate(..., ids)` writes (FedPAC's heads, FedAMP's cloud models, FedFomo's
+        stored models, which other clients then download); `aggregate` runs once per round, not
+        under vmap, so it may train with autograd (pFedHN's hypernetwork);
+    eval_phases: fine-tuning of copies before evaluation (FedAvg-FT, FedBABU, FedEM-FT);
+    remembers + memory: a datastore of the client's whole training split for evaluation (kNN-Per).
+
 The engine maps each per-client function over a cohort one client at a time (sequential) or
 all at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or
 mutate its inputs. This package depends on torch only.
@@ -131,6 +148,7 @@ class Method:
     stats_before: ClassVar[bool] = False  # run `statistics` over the client's training data before local training
     stats_after: ClassVar[bool] = False  # ... and after it
     protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
+    remembers: ClassVar[bool] = False  # evaluate with `memory` of each client's whole training split (a datastore)
     family: ClassVar[str] = ""  # the method a variant belongs to ("": itself)
     fixed: ClassVar[dict] = {}  # the hyperparameters a variant fixes: its ablation, above every default
 
@@ -195,6 +213,10 @@ class Method:
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
         return self.net.logits(state, x)
+
+    def memory(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
+        """Tensors added to a client's state for evaluation, from its whole training split (w: 0 for padding)."""
+        raise NotImplementedError(f"{type(self).__name__} remembers but defines no memory")
 
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""

@@ -44,7 +44,7 @@ def test_resume_from_a_state_dict_is_exact(method):
 # Per-FedAvg's meta step β = 0.001 (PFLlib's default, tuned for 2000 rounds) moves too little in five.
 PERSONALISED = {"per-fedavg": {"beta": 0.05}, "pfedme": {}, "ditto": {}, "apfl": {}, "fedrod": {}, "fedbabu": {}, "lg-fedavg": {}, "fedproto": {},
                 "hypcluster": {}, "fedem-ft-m3": {}, "fedamp": {}, "fedphp": {}, "fedfomo": {},
-                "pfedhn": {"hn_lr": 0.1}}  # fmt: skip; pFedHN: its tuned step 0.01 needs hundreds of rounds
+                "pfedhn": {"hn_lr": 0.1}, "knn-per": {}}  # fmt: skip; pFedHN: its tuned step 0.01 needs hundreds of rounds
 
 
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
@@ -280,3 +280,18 @@ def test_pfedhn_server_step_moves_the_generated_model_towards_the_trained_one():
     distance = lambda s: sum(((m.generate(s, ids[0])[k] - trained[k][0]) ** 2).sum() for k in keys)  # noqa: E731
     assert distance(server) < distance(sim.server)
     assert all(k.startswith(("hn.", "hn_momentum.")) for k in server)  # no model weights on the server, only φ
+
+
+def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_own_data():
+    sim = sim_for("knn-per", 1)
+    m = sim.method
+    memory = sim._memory(sim.clients, list(range(6)))
+    n = sim.data.train.counts[2]
+    assert torch.equal(memory["knn.labels"][2][:n], sim.data.train.client(2)[1]) and memory["knn.mask"][2].sum() == n
+    state = client(sim, 2) | {k: v[2] for k, v in memory.items()}
+    x, _ = batch(sim, 2, 5, "test")
+    m.hp.lam = 0.0
+    torch.testing.assert_close(m.logits(state, sim.server, x).exp(), F.softmax(m.net.logits(state, x), -1))
+    m.hp.lam, m.hp.k = 1.0, 1
+    nearest = torch.cdist(m.net.features(state, x), memory["knn.keys"][2][:n]).argmin(1)
+    assert torch.equal(m.logits(state, sim.server, x).argmax(1), memory["knn.labels"][2][nearest])

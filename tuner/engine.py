@@ -348,12 +348,23 @@ class Simulation:
         hits = (out.argmax(-1) == y).to(w.dtype)
         return {"correct": (hits * w).sum(), "loss": (F.cross_entropy(out, y, reduction="none") * w).sum()}
 
+    @torch.no_grad()
+    def _memory(self, clients: State, ids: list[int]) -> State:
+        """The method's memory of every client's whole training split, padded to the largest client."""
+        train = self.data.train
+        index, mask = train.padded_index(ids, 0, max(max(train.counts), 1))
+        index, mask = index.to(self.device), mask.to(self.device)
+        self.method.net.module.eval()
+        return self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.float())
+
     def evaluate(self) -> dict[str, float]:
         clients = self.clients
         ids = list(range(self.data.num_clients))
         if self.method.eval_phases():  # fine-tune copies of every client first
             clients = {k: v.clone() for k, v in clients.items()}
             self.executor.train(self.method.eval_phases(), clients, ids, self.server, self.round, FINE_TUNE_STREAM)
+        if self.method.remembers:
+            clients = {**clients, **self._memory(clients, ids)}
         row = {}
         for prefix, split in (("", self.data.test), ("val_", self.data.val)):
             if split is None:
