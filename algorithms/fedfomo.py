@@ -20,7 +20,7 @@ from torch.func import vmap
 from algorithms.base import Method
 
 MODELS, AFFINITY = "fomo.models.", "fomo.affinity"
-CANDIDATES, CHOSEN, WEIGHTS = "fomo.cand.", "fomo.chosen", "fomo.weights"
+CHOSEN, WEIGHTS = "fomo.chosen", "fomo.weights"
 
 
 @dataclass
@@ -37,9 +37,8 @@ class FedFomo(Method):
 
     def init_client(self, model):
         device = model[self.net.param_keys[0]].device
-        candidates = {CANDIDATES + k: model[k].unsqueeze(0).repeat(self.hp.m, *[1] * model[k].dim()) for k in self.net.param_keys}
         ids = torch.zeros(self.hp.m, dtype=torch.long, device=device)
-        return {**super().init_client(model), **candidates, CHOSEN: ids, WEIGHTS: torch.zeros(self.hp.m, device=device)}
+        return {**super().init_client(model), CHOSEN: ids, WEIGHTS: torch.zeros(self.hp.m, device=device)}
 
     def init_server(self, model, num_clients):
         models = {MODELS + k: model[k].unsqueeze(0).repeat(num_clients, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
@@ -50,8 +49,11 @@ class FedFomo(Method):
         ids = torch.arange(n, device=index.device)
         after = (ids - index) % n  # ties go to the next ids; the client itself comes last
         score = server[AFFINITY][index] - 1e-6 * after - 1e9 * (after == 0)
-        chosen = torch.topk(score, self.hp.m).indices
-        return {**client, CHOSEN: chosen, **{CANDIDATES + k: server[MODELS + k][chosen] for k in self.net.param_keys}}
+        return {**client, CHOSEN: torch.topk(score, self.hp.m).indices}
+
+    def candidates(self, state, server):
+        """The downloaded models, read from the server's slots (no copy kept per client)."""
+        return {k: server[MODELS + k][state[CHOSEN]] for k in self.net.param_keys}
 
     def statistics(self, state, server, x, y, w):
         own = (F.cross_entropy(self.net.logits(state, x), y, reduction="none") * w).sum()
@@ -59,16 +61,17 @@ class FedFomo(Method):
         def loss_of(candidate):
             return (F.cross_entropy(self.net.logits({**state, **candidate}, x), y, reduction="none") * w).sum()
 
-        others = vmap(loss_of)({k: state[CANDIDATES + k] for k in self.net.param_keys})
+        others = vmap(loss_of)(self.candidates(state, server))
         return {"own": own, "others": others, "n": w.sum()}
 
     def begin_local(self, client, server, stats):
         keys = self.net.param_keys
+        others = self.candidates(client, server)
         n = stats["n"].clamp(min=1)
-        gap = torch.sqrt(sum(((client[CANDIDATES + k] - client[k]) ** 2).flatten(1).sum(1) for k in keys))
+        gap = torch.sqrt(sum(((others[k] - client[k]) ** 2).flatten(1).sum(1) for k in keys))
         weight = torch.clamp((stats["own"] - stats["others"]) / n / gap.clamp(min=1e-12), min=0)  # eq. 3
         weight = weight / weight.sum().clamp(min=1e-12)
-        moved = {k: client[k] + torch.tensordot(weight, client[CANDIDATES + k] - client[k], dims=1) for k in keys}  # eq. 4
+        moved = {k: client[k] + torch.tensordot(weight, others[k] - client[k], dims=1) for k in keys}  # eq. 4
         return {**moved, WEIGHTS: weight}
 
     def upload(self, client, server):

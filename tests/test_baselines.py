@@ -262,7 +262,7 @@ def test_fedfomo_moves_towards_the_models_that_lower_its_loss_and_remembers_them
     stats = {"own": torch.tensor(10.0), "others": torch.tensor([5.0, 20.0, 10.0]), "n": torch.tensor(1.0)}
     out = m.begin_local(state, sim.server, stats)
     assert out["fomo.weights"].tolist() == [1.0, 0.0, 0.0]  # only the candidate that lowers the loss, normalised
-    torch.testing.assert_close(out[k], state["fomo.cand." + k][0])
+    torch.testing.assert_close(out[k], sim.server["fomo.models." + k][state["fomo.chosen"][0]])
     uploads = {key: v[:1] for key, v in sim.clients.items()} | {"fomo.weights": out["fomo.weights"][None], "fomo.chosen": state["fomo.chosen"][None]}
     server = m.aggregate(sim.server, uploads, torch.ones(1), torch.tensor([0]))
     first = state["fomo.chosen"][0]
