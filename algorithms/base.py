@@ -162,6 +162,10 @@ class Method:
         """A sentence naming what is wrong with a combination of hyperparameters, or None."""
         return None
 
+    def check(self, num_clients: int) -> str | None:
+        """A sentence naming why this method cannot run this backbone or federation, or None."""
+        return None
+
     @property
     def uploads(self) -> bool:
         return bool(self.shared) or type(self).upload is not Method.upload

@@ -35,21 +35,22 @@ class FedFomo(Method):
     shared = ()
     stats_before = True  # the loss of the client's model and of each candidate
 
-    def init_client(self, model):
-        device = model[self.net.param_keys[0]].device
-        ids = torch.zeros(self.hp.m, dtype=torch.long, device=device)
-        return {**super().init_client(model), CHOSEN: ids, WEIGHTS: torch.zeros(self.hp.m, device=device)}
-
     def init_server(self, model, num_clients):
+        self.downloads = min(self.hp.m, num_clients - 1)  # M, never more than the other clients (the engine makes the server first)
         models = {MODELS + k: model[k].unsqueeze(0).repeat(num_clients, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
         return {**models, AFFINITY: torch.zeros(num_clients, num_clients, device=model[self.net.param_keys[0]].device)}
+
+    def init_client(self, model):
+        device = model[self.net.param_keys[0]].device
+        ids = torch.zeros(self.downloads, dtype=torch.long, device=device)
+        return {**super().init_client(model), CHOSEN: ids, WEIGHTS: torch.zeros(self.downloads, device=device)}
 
     def broadcast(self, client, server, index):
         n = server[AFFINITY].shape[0]
         ids = torch.arange(n, device=index.device)
         after = (ids - index) % n  # ties go to the next ids; the client itself comes last
         score = server[AFFINITY][index] - 1e-6 * after - 1e9 * (after == 0)
-        return {**client, CHOSEN: torch.topk(score, self.hp.m).indices}
+        return {**client, CHOSEN: torch.topk(score, self.downloads).indices}
 
     def candidates(self, state, server):
         """The downloaded models, read from the server's slots (no copy kept per client)."""

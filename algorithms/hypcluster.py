@@ -47,8 +47,9 @@ class HypCluster(Method):
         return {"loss": vmap(loss_of)(substate(server, MODELS))}
 
     def begin_local(self, client, server, stats):
-        choice = F.one_hot(stats["loss"].argmin(), self.hp.k).to(client[CHOICE].dtype)
-        chosen = {k: torch.tensordot(choice, server[MODELS + k], dims=1) for k in self.net.param_keys + self.net.buffer_keys}
+        best = stats["loss"].argmin()
+        chosen = {k: server[MODELS + k][best] for k in self.net.param_keys + self.net.buffer_keys}
+        choice = F.one_hot(best, self.hp.k).to(client[CHOICE].dtype)
         return {**chosen, CHOICE: choice}
 
     def loss(self, state, server, x, y):

@@ -36,8 +36,9 @@ class PerFedAvg(Method):
     def loss(self, state, server, x, y):
         half = x.shape[0] // 2
         params = {k: state[k] for k in self.net.param_keys}
-        inner_loss = lambda p: F.cross_entropy(self.net.logits({**state, **p}, x[:half]), y[:half])  # noqa: E731
-        g = grad(inner_loss)(params)
+        buffers = {k: state[k] for k in self.net.buffer_keys}  # inputs, not captured: BatchNorm updates them in place
+        inner_loss = lambda p, b: F.cross_entropy(self.net.logits({**state, **b, **p}, x[:half]), y[:half])  # noqa: E731
+        g = grad(inner_loss)(params, buffers)
         if not self.hp.second_order:
             g = {k: v.detach() for k, v in g.items()}
         adapted = {k: params[k] - self.training.lr * g[k] for k in params}

@@ -20,6 +20,7 @@ from torch.func import functional_call, grad, vmap
 from algorithms.base import Method, prefixed, substate
 
 HN, MOMENTUM = "hn.", "hn_momentum."
+MAX_HEAD_WEIGHTS = 200_000_000  # 0.8 GB of heads, three times that with momentum and gradient
 
 
 @dataclass
@@ -48,6 +49,13 @@ class PFedHN(Method):
     title = "pFedHN"
     Hparams = PFedHNHparams
     shared = ()
+
+    def check(self, num_clients):
+        weights = self.hp.hidden * sum(p.numel() for p in self.net.module.parameters())
+        if weights > MAX_HEAD_WEIGHTS:
+            return (f"pFedHN's hypernetwork would need {weights / 1e6:.0f} million weights (one linear head of width {self.hp.hidden} "
+                    f"per tensor of this backbone); use a small backbone such as the papers' CNNs, or a smaller hidden.")  # fmt: skip
+        return None
 
     def init_server(self, model, num_clients):
         shapes = {k: model[k].shape for k in self.net.param_keys}

@@ -44,12 +44,13 @@ class PFedMe(Method):
         """K steps on f_i(θ) + λ/2 ‖θ − w‖² from the current θ (eq. 7)."""
         keys = self.net.param_keys
         w = {k: state[k].detach() for k in keys}
-        objective = lambda th: F.cross_entropy(self.net.logits({**state, **th}, x), y) + self.hp.lam / 2 * sum(  # noqa: E731
+        buffers = {k: state[PERSONAL + k] for k in self.net.buffer_keys}  # θ's own statistics, updated in place
+        objective = lambda th, b: F.cross_entropy(self.net.logits({**state, **b, **th}, x), y) + self.hp.lam / 2 * sum(  # noqa: E731
             ((th[k] - w[k]) ** 2).sum() for k in keys
         )
         theta = {k: state[PERSONAL + k].detach() for k in keys}
         for _ in range(self.hp.inner_steps):
-            g = grad(objective)(theta)
+            g = grad(objective)(theta, buffers)
             theta = {k: theta[k] - self.hp.personal_lr * g[k] for k in keys}
         return {k: v.detach() for k, v in theta.items()}
 

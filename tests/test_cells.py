@@ -5,11 +5,10 @@ What the data is small in: samples per class, FedPAC's per-client sizes (pac_tra
 the Dirichlet floor (min_samples); everything else (backbone, batch, epochs, optimizer, clients,
 participation, groups, augmentation) is the cell's protocol. Every cell of every table builds its
 data, partition, clients and model. One round is trained for a covering set of cells, in which
-every method family on each backbone under each protocol, and every data setting (dataset,
-partition, clients, join ratio, backbone, protocol), appears at least once: a cell can only fail
-through its method meeting its backbone (BatchNorm statistics under vmap, say), its data setting,
-or the build; a family's variants differ only in loss terms that test_engine.py runs under both
-executors. Settings of more than 20 clients are built, and of them FedPAC's 100-client cell on
+every method family under each protocol, and every data setting (dataset, partition, clients,
+join ratio, backbone, protocol), appears at least once: a cell can only fail through its method,
+its data setting, or the build; a family's variants differ only in loss terms that test_engine.py
+runs under both executors, where every family also trains ResNet-18 (BatchNorm under vmap). Settings of more than 20 clients are built, and of them FedPAC's 100-client cell on
 Fashion-MNIST trains (everyone takes part in its last round): the others' rounds are the same
 code over more clients.
 """
@@ -57,7 +56,7 @@ def data_key(cell: dict) -> tuple:
 
 
 def family(cell: dict) -> tuple:
-    return METHODS[cell["method"]].family or cell["method"], cell["backbone"], cell["protocol"]
+    return METHODS[cell["method"]].family or cell["method"], cell["protocol"]
 
 
 def all_cells() -> list[dict]:
@@ -68,7 +67,7 @@ def all_cells() -> list[dict]:
 
 
 def covering(todo: list[dict]) -> list[dict]:
-    """Cells, cheapest first, each taken when it brings a method family on a backbone, or a data setting, not yet in."""
+    """Cells, cheapest first, each taken when it brings a method family or a data setting not yet in."""
     families, keys = {family(c) for c in todo}, {data_key(c) for c in todo if c["clients"] <= TRAIN_UP_TO}
     chosen = []
     for cell in sorted(todo, key=lambda c: (c["backbone"] == "resnet18", COST.index(c["dataset"]), c["clients"])):

@@ -1,3 +1,4 @@
+import math
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from algorithms import METHODS
 from tuner.config import RunConfig
 from tuner.data.datasets import DEBIAN_FMNIST
 from tuner.engine import batch_schedule, sample_cohort
+from tuner.errors import UserError
 from tuner.run import build_simulation
 
 
@@ -67,6 +69,19 @@ def test_batchnorm_statistics_stay_per_client_under_both_executors():
     means = seq.clients[stats[0]]
     trained = [i for i in range(12) if means[i].abs().sum() > 0]  # statistics move only where a client trained
     assert len(trained) == 3 and not torch.equal(means[trained[0]], means[trained[1]])
+
+
+@pytest.mark.parametrize("method", sorted(name for name, cls in METHODS.items() if not cls.family))
+def test_every_method_trains_resnet18_under_vmap_with_batchnorm_statistics_per_client(method):
+    # Round 2 is where anything uploaded in round 1 comes back (FedCP once failed there).
+    cfg = dict(clients=6, join_ratio="0.2", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, rounds=2, val_frac=0.0)
+    if method == "pfedhn":  # a linear head per tensor of ResNet-18 is over a billion weights: refused in one sentence
+        with pytest.raises(UserError, match="pFedHN's hypernetwork would need 11[0-9][0-9] million weights"):
+            build_simulation(digits(method, **cfg))
+        return
+    sim, rows = run_rounds(digits(method, executor="vectorized", **cfg), 2)
+    assert all(math.isfinite(r["train_loss"]) and 0 <= r["acc"] <= 1 for r in rows)
+    assert not any(k.endswith("running_mean") and "body.bn1" in k for k in sim.server if not k.startswith(("hyp.", "em.", "fomo.", "amp.")))
 
 
 def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():

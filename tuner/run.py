@@ -89,6 +89,9 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device)
         method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
+    problem = method.check(data.num_clients)
+    if problem:
+        raise UserError(problem)
     settings = EngineSettings(
         seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,
         executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
