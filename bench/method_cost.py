@@ -1,8 +1,8 @@
 """Seconds per round of every method beside FedAvg's, in GPFL's practical setting, one run each.
 
 Fashion-MNIST, dir:0.1, 20 clients, everyone each round, cnn4, batch 10, one local epoch (the
-PFLlib protocol), each method at its defaults. One round timed after a warm-up round; training
-and evaluation both, since methods differ in both (FedAvg-FT and FedBABU fine-tune before
+PFLlib protocol), each method at its defaults. The first round timed, training and evaluation
+both (every method pays the same first-round costs of allocation), since methods differ in both (FedAvg-FT and FedBABU fine-tune before
 evaluating, kNN-Per builds its datastore). Prints a Markdown table: s/round and the ratio to FedAvg.
 Usage: python bench/method_cost.py [--dataset fmnist] [--partition dir:0.1] [--clients 20]
        [--executor vectorized] [--device auto] [--methods fedavg ditto ...]
@@ -22,7 +22,6 @@ from tuner.run import build_data, build_simulation, resolve_device
 
 def seconds_per_round(cfg: RunConfig, data, sync) -> float:
     sim = build_simulation(cfg, data)
-    sim.step()  # warm-up: allocation and the first statistics
     sync()
     t0 = time.perf_counter()
     sim.step()
@@ -39,7 +38,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--methods", nargs="*", default=["fedavg"] + sorted(n for n, c in METHODS.items() if not c.family and n != "fedavg"))
     args = ap.parse_args()
-    settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 2,
+    settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 1,
                 "executor": args.executor, "device": args.device}  # fmt: skip
     device = resolve_device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
