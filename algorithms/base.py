@@ -219,7 +219,8 @@ class Method:
         return self.net.logits(state, x)
 
     def memory(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
-        """Tensors added to a client's state for evaluation, from its whole training split (w: 0 for padding)."""
+        """Tensors added to a client's state for evaluation: one row per training sample (dim 0), computed
+        a batch at a time over the client's whole training split and joined (w: 0 for padding)."""
         raise NotImplementedError(f"{type(self).__name__} remembers but defines no memory")
 
     def eval_phases(self) -> list[Phase]:

@@ -286,6 +286,9 @@ def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_
     sim = sim_for("knn-per", 1)
     m = sim.method
     memory = sim._memory(sim.clients, list(range(6)))
+    sim.settings.eval_batch = 16  # the datastore is built a batch at a time: the same rows
+    for k, v in sim._memory(sim.clients, list(range(6))).items():
+        torch.testing.assert_close(v, memory[k])
     n = sim.data.train.counts[2]
     assert torch.equal(memory["knn.labels"][2][:n], sim.data.train.client(2)[1]) and memory["knn.mask"][2].sum() == n
     state = client(sim, 2) | {k: v[2] for k, v in memory.items()}

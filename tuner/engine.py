@@ -350,12 +350,17 @@ class Simulation:
 
     @torch.no_grad()
     def _memory(self, clients: State, ids: list[int]) -> State:
-        """The method's memory of every client's whole training split, padded to the largest client."""
+        """The method's memory of every client's whole training split, padded to the largest client:
+        computed eval_batch samples at a time (a whole split at once can outgrow any memory) and
+        joined along the sample axis."""
         train = self.data.train
-        index, mask = train.padded_index(ids, 0, max(max(train.counts), 1))
-        index, mask = index.to(self.device), mask.to(self.device)
         self.method.net.module.eval()
-        return self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.float())
+        parts = []
+        for start in range(0, max(max(train.counts), 1), self.settings.eval_batch):
+            index, mask = train.padded_index(ids, start, self.settings.eval_batch)
+            index, mask = index.to(self.device), mask.to(self.device)
+            parts.append(self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.float()))
+        return {k: torch.cat([p[k] for p in parts], 1) for k in parts[0]}
 
     def evaluate(self) -> dict[str, float]:
         clients = self.clients
