@@ -355,12 +355,12 @@ class Simulation:
         joined along the sample axis."""
         train = self.data.train
         self.method.net.module.eval()
-        parts = []
-        for start in range(0, max(max(train.counts), 1), self.settings.eval_batch):
+        parts, longest = [], max(max(train.counts), 1)
+        for start in range(0, longest, self.settings.eval_batch):
             index, mask = train.padded_index(ids, start, self.settings.eval_batch)
             index, mask = index.to(self.device), mask.to(self.device)
             parts.append(self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.float()))
-        return {k: torch.cat([p[k] for p in parts], 1) for k in parts[0]}
+        return {k: torch.cat([p[k] for p in parts], 1)[:, :longest] for k in parts[0]}
 
     def evaluate(self) -> dict[str, float]:
         clients = self.clients
