@@ -269,7 +269,9 @@ def run_stage(
                                         num_samples=samples, max_concurrent_trials=res.max_concurrent),  # fmt: skip
             run_config=tune.RunConfig(
                 name=stage, storage_path=str(sweep_dir), stop=stopper, callbacks=[SweepProgress(expected or samples, rounds, metric)],
-                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                # Two checkpoints: a kill while a new one registers can leave the saved experiment state
+                # pointing at the one before, which keeping one alone would already have deleted.
+                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
