@@ -146,6 +146,17 @@ def test_fedproto_prototypes_are_count_weighted_class_means_and_prediction_is_th
     assert not any(k.startswith(("body.", "head.")) for k in sim.server)  # no weights leave a client
 
 
+def test_fedproto_loss_is_cross_entropy_plus_lambda_times_the_reference_mse_to_the_class_prototypes():
+    # The reference's MSELoss averages over features too; λ = 1 was set in that scale (a sum over
+    # 512 features diverged on Fashion-MNIST dir:0.1).
+    sim = sim_for("fedproto", 1, join_ratio="1", hparams={"lam": 2.0})
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0, 8)
+    f = m.net.features(state, x)
+    expected = F.cross_entropy(m.net.head(state, f), y) + 2.0 * F.mse_loss(f, sim.server["proto.global"][y])
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
+
+
 def test_lg_fedavg_shares_the_head_and_keeps_bodies_local():
     sim = sim_for("lg-fedavg", 2, join_ratio="1")
     assert torch.equal(sim.clients["head.weight"][0], sim.clients["head.weight"][1])
