@@ -28,7 +28,12 @@ What else a method may declare, each used by a few methods and written once in t
         stored models, which other clients then download); `aggregate` runs once per round, not
         under vmap, so it may train with autograd (pFedHN's hypernetwork);
     eval_phases: fine-tuning of copies before evaluation (FedAvg-FT, FedBABU, FedEM-FT);
-    remembers + memory: a datastore of the client's whole training split for evaluation (kNN-Per).
+    remembers + memory: a datastore of the client's whole training split for evaluation (kNN-Per);
+    holdout: a fraction of each client's training split kept out of local training, over which
+        its statistics are taken (FedFomo's validation split);
+    serial: the round's clients train one after another, the server aggregating after each and
+        the next client receiving its result (pFedHN's Algorithm 1); Phase.batch: a phase that
+        draws other than the run's batch size (Per-FedAvg's two batches per step).
 
 The engine maps each per-client function over a cohort one client at a time (sequential) or
 all at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or
@@ -118,6 +123,7 @@ class Phase:
     weight_decay: float = 0.0
     loss: Callable[..., torch.Tensor] | None = None  # (state, server, x, y) -> scalar; None: the method's loss
     steps: int | None = None  # at most this many minibatch steps (None: every batch of every epoch)
+    batch: int | None = None  # samples drawn per step (None: the run's batch size)
 
 
 @dataclass
@@ -149,6 +155,8 @@ class Method:
     stats_after: ClassVar[bool] = False  # ... and after it
     protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
     remembers: ClassVar[bool] = False  # evaluate with `memory` of each client's whole training split (a datastore)
+    holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
+    serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     family: ClassVar[str] = ""  # the method a variant belongs to ("": itself)
     fixed: ClassVar[dict] = {}  # the hyperparameters a variant fixes: its ablation, above every default
 
@@ -195,11 +203,12 @@ class Method:
     def end_local(self, client: State, server: State, stats: State) -> State:
         return client
 
-    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None) -> Phase:
+    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None,
+            batch: int | None = None) -> Phase:  # fmt: skip
         """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss, steps)
+        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss, steps, batch)
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]

@@ -102,7 +102,7 @@ class FedCP(Method):
         elif self.hp.cs:
             condition = (v / torch.linalg.vector_norm(v)).expand_as(h)
         else:
-            condition = self.random_input.expand_as(h)
+            condition = self.random_input.to(h.dtype).expand_as(h)
         a = functional_call(self.policy_net, substate(state, "cpn."), (condition,)).view(*h.shape, 2)
         policy = F.gumbel_softmax(a, tau=1.0, dim=-1) if self.hp.gumbel else torch.softmax(a, dim=-1)  # eq. 4
         return policy[..., 0], policy[..., 1]  # r_i, s_i

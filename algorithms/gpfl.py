@@ -97,7 +97,8 @@ class GPFL(Method):
     def _conditions(self, state, server):
         """(g, p_i) from the frozen embeddings Ĉ (eqs. 5, 7), or the constants a, b of the ablations."""
         if not (self.hp.pci and self.hp.gce):
-            return self.constants[1], self.constants[0]
+            c = self.constants.to(state["head.weight"].dtype)
+            return c[1], c[0]
         frozen = state["gpfl.cond_gce"] if self.hp.pfllib else server["gce.weight"]
         u = frozen.shape[0]
         g = frozen.mean(0)

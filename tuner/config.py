@@ -23,6 +23,9 @@ from tuner.errors import UserError
 from tuner.models import BACKBONES
 
 
+DTYPES = ("float32", "float64")
+
+
 @dataclass
 class RunConfig:
     method: str = "fedavg"
@@ -57,6 +60,7 @@ class RunConfig:
     download: bool = True
     executor: str = "vectorized"
     device: str = "auto"
+    dtype: str = "float32"  # float64: exact comparisons (executor equality, resume) where rounding must not pass for a mismatch
     cohort_chunk: int = 0
     eval_batch: int = 256
     checkpoint_every: int = 50
@@ -95,6 +99,8 @@ class RunConfig:
             raise UserError(f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}.")
         if self.shift not in SHIFTS:
             raise UserError(f"Unknown shift '{self.shift}'; choose one of {', '.join(SHIFTS)}.")
+        if self.dtype not in DTYPES:
+            raise UserError(f"Unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}.")
         if self.executor not in EXECUTORS:
             raise UserError(f"Unknown executor '{self.executor}'; choose one of {', '.join(EXECUTORS)}.")
         if self.lr <= 0:

@@ -88,6 +88,11 @@ def _row(x, i):
     return {k: v[i] for k, v in x.items()} if isinstance(x, dict) else x[i]
 
 
+def _float_type(states: State) -> torch.dtype:
+    """The run's float type (float32, or float64 for exact comparisons), read off its states."""
+    return next(v.dtype for v in states.values() if v.is_floating_point())
+
+
 def _stack(rows: list[State]) -> State:
     return {k: torch.stack([r[k] for r in rows]) for k in rows[0]} if rows and rows[0] else {}
 
@@ -110,7 +115,8 @@ class Executor:
 
     def _schedules(self, ids: list[int], rnd: int, stream: int, phase: Phase) -> list[torch.Tensor]:
         s = self.settings
-        return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], s.batch_size, phase.epochs)[: phase.steps] for i in ids]
+        batch = phase.batch or s.batch_size
+        return [batch_schedule(s.seed, rnd, stream, i, self.data.train.counts[i], batch, phase.epochs)[: phase.steps] for i in ids]
 
     def _draws(self, ids: list[int], rnd: int, stream: int, schedules: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Each client's augmentation draws, one per scheduled sample; None without augmentation."""
@@ -172,9 +178,9 @@ class SequentialExecutor(Executor):
         for j, i in enumerate(ids):
             state = _row(states, j)
             x, y = split.client(i)
-            w = torch.ones(len(y), device=y.device)
+            w = torch.ones(len(y), device=y.device, dtype=_float_type(states))
             if not len(y):  # a client without samples: one dummy sample of weight 0 gives zero sums of the right shapes
-                x, y, w = split.x[:1], split.y[:1], torch.zeros(1, device=y.device)
+                x, y, w = split.x[:1], split.y[:1], torch.zeros(1, device=y.device, dtype=w.dtype)
             total: State = {}
             for a in range(0, len(y), self.settings.eval_batch):
                 b = a + self.settings.eval_batch
@@ -227,7 +233,7 @@ class VectorizedExecutor(Executor):
                 n_steps = [len(scheds[j]) for j in order]
                 if n_steps[0] == 0:
                     return
-                index = torch.zeros(len(order), n_steps[0], self.settings.batch_size, dtype=torch.long)
+                index = torch.zeros(len(order), n_steps[0], phase.batch or self.settings.batch_size, dtype=torch.long)
                 aug = None if draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
                 for r, j in enumerate(order):
                     index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
@@ -275,7 +281,7 @@ class VectorizedExecutor(Executor):
                 a = max(1, sum(1 for c in counts if c > start))
                 index, mask = split.padded_index([ids[j] for j in rows[:a]], start, width)
                 index, mask = index.to(device), mask.to(device)
-                part_out = mapped({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index], mask.float())
+                part_out = mapped({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index], mask.to(_float_type(states)))
                 if not total:
                     total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
                 for k, v in part_out.items():
@@ -311,13 +317,17 @@ class Simulation:
     """A whole federated run: its state, one round at a time."""
 
     def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
+        if method.holdout:
+            data = data.hold_out(method.holdout)
         self.method, self.data, self.settings = method, data, settings
         self.executor = make_executor(settings.executor, method, data, settings)
         model = method.net.initial_state()
         torch.manual_seed(settings.seed)  # for methods that draw noise (FedCP's Gumbel option); saved with the state
         n = data.num_clients
-        self.server = method.init_server(model, n)
-        client = method.init_client(model)
+        dtype = next(v.dtype for v in model.values() if v.is_floating_point())
+        as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731  method modules are float32
+        self.server = as_model(method.init_server(model, n))
+        client = as_model(method.init_client(model))
         self.clients = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).contiguous() for k, v in client.items()}
         self._broadcast(list(range(n)))
         self.round = 0
@@ -338,7 +348,8 @@ class Simulation:
     def _local_hook(self, hook, needs_stats: bool, cohort: State, ids: list[int]) -> State:
         """Run begin_local / end_local over the cohort, with a statistics pass first where the method asks."""
         if needs_stats:
-            stats = self.executor.sweep(self.method.statistics, cohort, self.server, self.data.train, ids)
+            split = self.data.holdout or self.data.train
+            stats = self.executor.sweep(self.method.statistics, cohort, self.server, split, ids)
         else:
             stats = {"none": torch.zeros(len(ids), device=self.device)}
         return {**cohort, **self.executor.map(hook, cohort, self.server, stats)}
@@ -359,7 +370,7 @@ class Simulation:
         for start in range(0, longest, self.settings.eval_batch):
             index, mask = train.padded_index(ids, start, self.settings.eval_batch)
             index, mask = index.to(self.device), mask.to(self.device)
-            parts.append(self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.float()))
+            parts.append(self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.to(_float_type(clients))))
         return {k: torch.cat([p[k] for p in parts], 1)[:, :longest] for k in parts[0]}
 
     def evaluate(self) -> dict[str, float]:
@@ -382,30 +393,42 @@ class Simulation:
                 row |= {k: m[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": m["loss"]}
         return row
 
-    def step(self) -> dict:
-        """Run one round and return its metrics row."""
-        t0 = time.perf_counter()
-        rnd = self.round + 1
-        s, m = self.settings, self.method
-        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == s.rounds)
+    def _local_round(self, ids: list[int], rnd: int) -> torch.Tensor:
+        """Train, upload and aggregate one group of clients; returns each client's mean training loss."""
+        m = self.method
         ids_t = torch.tensor(ids, device=self.device)
         cohort = {k: v[ids_t].clone() for k, v in self.clients.items()}
         if m.stats_before or type(m).begin_local is not Method.begin_local:
             cohort = self._local_hook(m.begin_local, m.stats_before, cohort, ids)
         client_loss = self.executor.train(m.phases(), cohort, ids, self.server, rnd, 0)
-        n = self.weights[ids]
-        train_loss = float((client_loss * n.double()).sum() / n.sum())
-        if not math.isfinite(train_loss):
-            raise DivergedError(
-                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning rate (lr) and run again."
-            )
         if m.stats_after or type(m).end_local is not Method.end_local:
             cohort = self._local_hook(m.end_local, m.stats_after, cohort, ids)
         for k, v in cohort.items():
             self.clients[k][ids_t] = v
         uploads = self.executor.map(m.upload, cohort, self.server) if m.uploads else {}
         if uploads:
-            self.server = m.aggregate(self.server, uploads, n.to(self.device), ids_t)
+            self.server = m.aggregate(self.server, uploads, self.weights[ids].to(self.device), ids_t)
+        return client_loss
+
+    def step(self) -> dict:
+        """Run one round and return its metrics row."""
+        t0 = time.perf_counter()
+        rnd = self.round + 1
+        s = self.settings
+        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == s.rounds)
+        groups = [[i] for i in ids] if self.method.serial else [ids]
+        losses = []
+        for g, group in enumerate(groups):
+            if g:  # a serial round: the server has moved since the previous client
+                self._broadcast(group)
+            losses.append(self._local_round(group, rnd))
+        client_loss = torch.cat(losses)
+        n = self.weights[ids]
+        train_loss = float((client_loss * n.double()).sum() / n.sum())
+        if not math.isfinite(train_loss):
+            raise DivergedError(
+                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning rate (lr) and run again."
+            )
         self._broadcast(list(range(self.data.num_clients)))
         self.round = rnd
         row = {"round": rnd, "clients": len(ids), "train_loss": train_loss}

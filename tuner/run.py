@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -83,11 +84,14 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     device = resolve_device(cfg.device)
     data = data or build_data(cfg, device)
     check_batches(cfg, data)
+    dtype = getattr(torch, cfg.dtype)
+    if dtype != torch.float32:
+        data = replace(data, decode=_decoding_to(dtype, data.decode))
     method_cls = METHODS[cfg.method]
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay, cfg.rounds)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device)
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device, dtype)
         method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
     problem = method.check(data.num_clients)
     if problem:
@@ -98,6 +102,16 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         augment=cfg.augment, rounds=cfg.rounds, full_last_round=cfg.full_last_round,
     )  # fmt: skip
     return Simulation(method, data, settings)
+
+
+def _decoding_to(dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Model inputs in the run's float type (token ids stay integers)."""
+
+    def decoded(x: torch.Tensor) -> torch.Tensor:
+        out = decode(x)
+        return out.to(dtype) if out.is_floating_point() else out
+
+    return decoded
 
 
 def selection(history: list[dict], select: str) -> dict[str, float]:

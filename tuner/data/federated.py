@@ -6,7 +6,7 @@ DataLoader. Group shifts (FedPAC's concept shift and feature skew) are applied h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Callable
 
@@ -56,10 +56,26 @@ class FederatedData:
     group: np.ndarray
     decode: Callable[[torch.Tensor], torch.Tensor]
     vocab: int | None = None  # text: how many token ids there are
+    holdout: Split | None = None  # part of each client's training data kept out of local training (hold_out)
 
     @property
     def num_clients(self) -> int:
         return len(self.train.counts)
+
+    def hold_out(self, frac: float) -> "FederatedData":
+        """The last `frac` of each client's training rows set apart (as PFLlib's FedFomo does): local
+        training sees the rest, a method's statistics see these."""
+        keep, held = [], []
+        for i, n in enumerate(self.train.counts):
+            start, cut = self.train.offsets[i], n - int(frac * n)
+            keep.append(torch.arange(start, start + cut))
+            held.append(torch.arange(start + cut, start + n))
+
+        def take(rows: list[torch.Tensor]) -> Split:
+            idx = torch.cat(rows).to(self.train.y.device)
+            return Split(self.train.x[idx], self.train.y[idx], [len(r) for r in rows])
+
+        return replace(self, train=take(keep), holdout=take(held))
 
     def label_counts(self) -> np.ndarray:
         """(clients, classes) training-label histogram."""
