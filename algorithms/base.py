@@ -137,6 +137,7 @@ class Training:
     momentum: float = 0.0
     weight_decay: float = 0.0
     rounds: int = 1  # the run's communication rounds, for schedules over training (FedPHP)
+    participation: float = 1.0  # the mean share of clients that train in a round (ρ)
 
 
 @dataclass

@@ -4,6 +4,8 @@ Shared: body. Head: kept at its random initialisation (the same on every client)
 Local loss: cross-entropy, body only.
 Upload: the body. Server: sample-weighted mean.
 Prediction: each client fine-tunes body and head for `ft_epochs` on its training data, then predicts.
+With the head at its random initialisation one epoch under-fits it (8 rounds of FedPAC's Table 1
+setting: 81.2 with 1 epoch, below FedAvg-FT's 84.0); PFLlib fine-tunes 10 epochs.
 """
 
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from algorithms.base import Method
 
 @dataclass
 class FedBABUHparams:
-    ft_epochs: int = 1  # fine-tuning epochs of the whole model before evaluation
+    ft_epochs: int = 10  # fine-tuning epochs of the whole model before evaluation (PFLlib's fine_tuning_steps; FedPAC states none)
 
 
 class FedBABU(Method):

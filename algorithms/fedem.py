@@ -2,9 +2,11 @@
 
 Shared: M component models ("em.model.", stacked), from M random initialisations.
 Personal: the mixture weights π_i ("em.pi").
-Local round (Algorithm 1): E-step, π_i ← mean over the client's samples of the responsibilities
-q(m | x, y) ∝ π_im p_m(y | x) (one pass); M-step, the local epochs on Σ_m q(m | x, y) · CE_m,
-q recomputed per batch with the components held fixed.
+Local round (Algorithm 1): E-step, q(m | x, y) ∝ π_im p_m(y | x) for every sample and
+π_i ← the mean of q (one pass); M-step, the local epochs on Σ_m q(m | x, y) · CE_m with q the
+E-step's, fixed through the M-step: it is recomputed per batch from a copy of the round's
+starting components and π ("em.estep.", not trained), which gives the E-step's values without
+storing one row per training sample.
 Upload: the components. Server: sample-weighted mean of each component.
 Prediction: p(y | x) = Σ_m π_im p_m(y | x).
 FedEM-FT fine-tunes the components locally before evaluation, as FedPAC's Table 1 runs it.
@@ -18,7 +20,7 @@ from torch.func import vmap
 
 from algorithms.base import Method, substate, variant
 
-MODELS, PI = "em.model.", "em.pi"
+MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 
 
 @dataclass
@@ -38,35 +40,43 @@ class FedEM(Method):
         models = [model] + [self.net.fresh(seed) for seed in range(1, self.hp.m)]
         device = model[self.net.param_keys[0]].device
         stacked = {k: v.to(device) for k, v in self.net.stacked(models, MODELS).items()}
-        return {**stacked, PI: torch.full((self.hp.m,), 1.0 / self.hp.m, device=device)}
+        pi = torch.full((self.hp.m,), 1.0 / self.hp.m, device=device)
+        estep = {ESTEP + k: v.clone() for k, v in stacked.items()}
+        return {**stacked, PI: pi, **estep, ESTEP + PI: pi.clone()}
 
-    def component_log_probs(self, state, x):
+    def component_log_probs(self, state, x, prefix=MODELS):
         """log p_m(· | x) for every component: (M, batch, classes)."""
-        buffers = {k: state[MODELS + k] for k in self.net.buffer_keys}
+        buffers = {k: state[prefix + k] for k in self.net.buffer_keys}
 
         def one(params, bufs):
             return F.log_softmax(self.net.logits({**params, **bufs}, x), -1)
 
-        return vmap(one)({k: state[MODELS + k] for k in self.net.param_keys}, buffers)
+        return vmap(one)({k: state[prefix + k] for k in self.net.param_keys}, buffers)
 
-    def responsibilities(self, state, x, y):
-        log_p = self.component_log_probs(state, x)
-        log_py = log_p.gather(-1, y.expand(log_p.shape[0], -1)[..., None])[..., 0]  # (M, batch)
-        return torch.softmax(torch.log(state[PI].clamp(min=1e-12))[:, None] + log_py, 0), log_py
+    def log_likelihoods(self, state, x, y, prefix=MODELS):
+        """log p_m(y | x): (M, batch)."""
+        log_p = self.component_log_probs(state, x, prefix)
+        return log_p.gather(-1, y.expand(log_p.shape[0], -1)[..., None])[..., 0]
+
+    def responsibilities(self, pi, log_py):
+        return torch.softmax(torch.log(pi.clamp(min=1e-12))[:, None] + log_py, 0)
 
     def statistics(self, state, server, x, y, w):
-        q, _ = self.responsibilities(state, x, y)
+        q = self.responsibilities(state[PI], self.log_likelihoods(state, x, y))
         return {"q": (q * w).sum(1), "n": w.sum()}
 
     def begin_local(self, client, server, stats):
-        return {PI: stats["q"] / stats["n"].clamp(min=1)}  # E-step
+        pi = stats["q"] / stats["n"].clamp(min=1)  # E-step
+        frozen = {ESTEP + k: client[k].clone() for k in client if k.startswith(MODELS)}  # the E-step's components, through the M-step
+        return {PI: pi, **frozen, ESTEP + PI: client[PI].clone()}
 
     def phases(self):
         return [self.sgd((MODELS,))]
 
     def loss(self, state, server, x, y):
-        q, log_py = self.responsibilities(state, x, y)
-        return -(q.detach() * log_py).sum(0).mean()  # M-step: responsibility-weighted cross-entropy
+        with torch.no_grad():
+            q = self.responsibilities(state[ESTEP + PI], self.log_likelihoods(state, x, y, ESTEP + MODELS))  # the E-step's q
+        return -(q * self.log_likelihoods(state, x, y)).sum(0).mean()  # M-step: responsibility-weighted cross-entropy
 
     def logits(self, state, server, x):
         return torch.logsumexp(torch.log(state[PI].clamp(min=1e-12))[:, None, None] + self.component_log_probs(state, x), 0)

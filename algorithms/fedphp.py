@@ -1,13 +1,20 @@
-"""FedPHP (Li et al., ECML-PKDD 2021): personalised models inherited across rounds, taught by the
-global model — in PFLlib's form, which produced the GPFL and FedCP tables.
+"""FedPHP (Li et al., ECML-PKDD 2021): a personalised model inherited across rounds teaches the
+model trained from the global one.
 
-Shared: the whole model. Personal: the client's model ("body.", "head.") and the teacher
-("php.teacher."), a copy of the global model.
-Receiving (round R of T): w_i ← (1 − μ_R) w + μ_R w_i with μ_R = μ · R / T, the private
-model inheriting more of itself as training goes on; the teacher becomes w.
-Local loss: (1 − λ) CE(w_i) + λ · MMD(f_{w_i}(x), f_teacher(x)), RBF kernels of bandwidths
-10, 15, 20, 50 (the teacher is not trained).
-Upload: w_i. Server: sample-weighted mean. Prediction: w_i.
+Shared: the whole model. Personal: the historical personalised model, HPM ("php.private."), and
+how often the client has trained ("php.count").
+Receiving: the client's model ← the global model (FedAvg's broadcast).
+Local loss: (1 − λ) CE(w) + λ MMD(f_w(x), f_HPM(x)), RBF kernels of bandwidths 10, 15, 20, 50;
+the HPM is the teacher and is not trained.
+After training (inheritance): HPM ← μ_i HPM + (1 − μ_i) w, μ_i = μ · cnt_i / (ρ T) capped at μ,
+cnt_i the client's earlier rounds of training (0 the first time: the HPM becomes w).
+Upload: w, trained from the global model. Server: sample-weighted mean. Prediction: the HPM.
+This is the paper's Algorithm and its authors' code (FedRepo's fedphp.py: update_local,
+generate_mu, update_hpm; MMD as its reg_way), the default.
+
+`pfllib=true` runs PFLlib's form (clientphp.py), which produced the FedPHP rows of the GPFL and
+FedCP tables: receiving w ← (1 − μ_R) w_global + μ_R w (μ_R = μ R / T in round R), the teacher
+is the global model, the mixture is trained, uploaded and predicts.
 """
 
 from dataclasses import dataclass
@@ -17,15 +24,15 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 
-TEACHER = "php.teacher."
-ROUND = "php.round"
+PRIVATE, TEACHER, COUNT, ROUND = "php.private.", "php.teacher.", "php.count", "php.round"
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 
 @dataclass
 class FedPHPHparams:
-    mu: float = 0.9  # μ, the inheritance at the last round
+    mu: float = 0.9  # μ, the inheritance at its largest (the authors' code: 0.9)
     lam: float = 0.5  # λ, weight of the MMD transfer
+    pfllib: bool = False  # PFLlib's form: the global model teaches the inherited mixture
 
 
 def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -44,21 +51,40 @@ class FedPHP(Method):
     Hparams = FedPHPHparams
 
     def init_client(self, model):
-        return {**super().init_client(model), **self.net.copy(model, TEACHER)}
+        if self.hp.pfllib:
+            return {**super().init_client(model), **self.net.copy(model, TEACHER)}
+        return {**super().init_client(model), **self.net.copy(model, PRIVATE), COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device)}
 
     def init_server(self, model, num_clients):
-        return {**super().init_server(model, num_clients), ROUND: torch.zeros((), device=model[self.net.param_keys[0]].device)}
+        server = super().init_server(model, num_clients)
+        return {**server, ROUND: torch.zeros((), device=model[self.net.param_keys[0]].device)} if self.hp.pfllib else server
 
     def broadcast(self, client, server, index):
-        mu = self.hp.mu * (server[ROUND] + 1) / self.training.rounds  # the round about to be trained
+        out = super().broadcast(client, server, index)
+        if not self.hp.pfllib:
+            return out
+        mu = self.hp.mu * (server[ROUND] + 1) / self.training.rounds  # μ_R of the round about to be trained
         keys = self.net.param_keys
         own = {k: (1 - mu) * server[k] + mu * client[k] for k in keys}
-        return {**client, **own, **{TEACHER + k: server[k] for k in keys}}
+        return {**out, **own, **{TEACHER + k: server[k] for k in keys}}
 
     def loss(self, state, server, x, y):
         f = self.net.features(state, x)
-        teacher = self.net.features(state, x, TEACHER + "body.").detach()
+        teacher = self.net.features(state, x, (TEACHER if self.hp.pfllib else PRIVATE) + "body.").detach()
         return (1 - self.hp.lam) * F.cross_entropy(self.net.head(state, f), y) + self.hp.lam * mmd(f, teacher)
 
+    def end_local(self, client, server, stats):
+        if self.hp.pfllib:
+            return client
+        t = self.training
+        mu = torch.clamp(self.hp.mu * client[COUNT] / max(1.0, t.participation * t.rounds), max=self.hp.mu)  # generate_mu
+        floats = [k for k in self.net.param_keys + self.net.buffer_keys if client[k].is_floating_point()]  # BatchNorm statistics too
+        inherited = {PRIVATE + k: mu * client[PRIVATE + k] + (1 - mu) * client[k] for k in floats}  # update_hpm
+        return {**client, **inherited, COUNT: client[COUNT] + 1}
+
     def aggregate(self, server, uploads, weights, ids):
-        return {**super().aggregate(server, uploads, weights, ids), ROUND: server[ROUND] + 1}
+        out = super().aggregate(server, uploads, weights, ids)
+        return {**out, ROUND: server[ROUND] + 1} if self.hp.pfllib else out
+
+    def logits(self, state, server, x):
+        return self.net.logits(state, x, "" if self.hp.pfllib else PRIVATE)

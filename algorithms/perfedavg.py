@@ -1,14 +1,19 @@
 """Per-FedAvg (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020): FedAvg of a MAML objective.
 
 Shared: the whole model w. Personal: nothing kept between rounds.
-Local step (Algorithm 1) on a minibatch split in halves D, D':
+Local step (Algorithm 1), on a draw of 2B samples split into two batches D, D' of B:
   w̃ = w − α ∇f_i(w; D);  w ← w − β ∇f_i(w̃; D')            (first order, FO)
 or with second_order, the exact MAML gradient (I − α ∇²f_i(w; D)) ∇f_i(w̃; D'), which
 Per-FedAvg (HF) approximates with a Hessian-vector product on a third batch.
 Both are one SGD step of size β on f_i(w − α g(w); D'), g detached (FO) or differentiated.
-α is the run's lr, β the `beta` hyperparameter (PFLlib's convention).
 Upload: w. Server: sample-weighted mean.
 Prediction: w after one step of size α on one training batch (the personalised model).
+
+As PFLlib (clientperavg/serverperavg, which produced the GPFL and FedCP tables, the only
+tables with Per-FedAvg): α is the run's lr and β equals it unless set; each step draws 2B
+samples (the last partial draw dropped); the server calls each client's training twice a
+round, so a round runs 2 × local_epochs epochs. Differences: PFLlib personalises with one step
+on a batch of the client's *test* data before evaluating; here the step uses training data.
 """
 
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ from algorithms.base import Method
 
 @dataclass
 class PerFedAvgHparams:
-    beta: float = 0.001  # β, the outer (meta) step size (PFLlib's default)
+    beta: float | None = None  # β, the outer (meta) step size; None: the run's lr, as PFLlib sets it
     second_order: bool = False  # the exact MAML gradient instead of the first-order one
 
 
@@ -31,7 +36,9 @@ class PerFedAvg(Method):
     Hparams = PerFedAvgHparams
 
     def phases(self):
-        return [self.sgd(("body.", "head."), lr=self.hp.beta)]
+        t = self.training
+        beta = t.lr if self.hp.beta is None else self.hp.beta
+        return [self.sgd(("body.", "head."), epochs=2 * t.local_epochs, lr=beta, batch=2 * t.batch_size)]
 
     def loss(self, state, server, x, y):
         half = x.shape[0] // 2

@@ -4,11 +4,18 @@ each client's model.
 Server: the hypernetwork φ ("hn."): a client embedding v_i, an MLP of `layers` hidden layers of
 width `hidden`, and one linear head per backbone tensor; and its optimizer's momentum.
 Receiving: θ_i = h(v_i; φ) (BatchNorm statistics stay the client's own).
+The round's clients train one after another (`serial`, Algorithm 1): each receives θ_i from φ
+as the previous client's step left it.
 Local round: the local epochs on cross-entropy from θ_i.
-Upload: the trained θ̃_i. Server (Algorithm 1): Δθ_i = θ_i − θ̃_i; φ takes one SGD step
-(momentum 0.9, weight decay 1e-3, step `hn_lr`) along Σ_i (∂θ_i/∂φ)ᵀ Δθ_i / |S|, the gradient
-of the round's clients together (the paper steps after each client).
+Upload: the trained θ̃_i. Server, after each client: Δθ_i = θ_i − θ̃_i; the gradient
+(∂θ_i/∂φ)ᵀ Δθ_i, its norm clipped at 50, and one SGD step of φ (momentum 0.9, weight decay
+1e-3, step `hn_lr`), as the reference code (AvivSham/pFedHN, trainer.py) does.
 Prediction: the generated θ_i.
+
+Differences from the reference: the reference samples one client per step at random for a
+number of steps; here each round takes every client of the cohort once, in id order, so one
+round is one pass of the federation (FedPAC's Table 1 counts rounds so). Local training is
+the run's protocol (the reference: 50 inner steps of SGD with momentum 0.9).
 """
 
 from dataclasses import dataclass
@@ -20,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from algorithms.base import Method, prefixed, substate
 
 HN, MOMENTUM = "hn.", "hn_momentum."
+MAX_GRAD_NORM = 50.0  # the reference's clip of the hypernetwork's gradient
 MAX_HEAD_WEIGHTS = 200_000_000  # 0.8 GB of heads, three times that with momentum and gradient
 
 
@@ -49,6 +57,7 @@ class PFedHN(Method):
     title = "pFedHN"
     Hparams = PFedHNHparams
     shared = ()
+    serial = True  # Algorithm 1: a hypernetwork step after every client
 
     def check(self, num_clients):
         weights = self.hp.hidden * sum(p.numel() for p in self.net.module.parameters())
@@ -77,14 +86,16 @@ class PFedHN(Method):
         phi = substate(server, HN)
         delta = {k: (vmap(lambda i: self.generate(server, i))(ids)[k] - uploads[k]).detach() for k in self.net.param_keys}
 
-        def surrogate(p):  # its gradient: Σ_i (∂θ_i/∂φ)ᵀ Δθ_i / |S|
+        def surrogate(p):  # its gradient: (∂θ_i/∂φ)ᵀ Δθ_i (one client: the engine runs pFedHN serially)
             generated = vmap(lambda i: functional_call(self.hypernetwork, p, (i,)))(ids)
-            return sum((generated[k] * delta[k]).sum() for k in self.net.param_keys) / len(ids)
+            return sum((generated[k] * delta[k]).sum() for k in self.net.param_keys)
 
         g = grad(surrogate)(phi)
+        norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
+        clip = torch.clamp(MAX_GRAD_NORM / (norm + 1e-6), max=1.0)  # torch.nn.utils.clip_grad_norm_(…, 50)
         out = dict(server)
         for k, v in phi.items():
-            step = 0.9 * server[MOMENTUM + HN + k] + g[k] + 1e-3 * v  # SGD, momentum 0.9, weight decay 1e-3
+            step = 0.9 * server[MOMENTUM + HN + k] + clip * g[k] + 1e-3 * v  # SGD, momentum 0.9, weight decay 1e-3
             out[MOMENTUM + HN + k] = step
             out[HN + k] = v - self.hp.hn_lr * step
         return out

@@ -4,7 +4,11 @@ Shared: the whole model x and the server control variate c ("scaffold.c."). Pers
 client control variate c_i ("scaffold.ci.").
 Local step (Algorithm 1, line 10): y ← y − η (g_i(y) + c − c_i), an SGD step on
 f_i(y) + ⟨y, c − c_i⟩.
-After the K local steps (option II, line 12): c_i⁺ = c_i − c + (x − y_i) / (K η).
+After the K local steps (option II, line 12): c_i⁺ = c_i − c + (x − y_i) / (K̃ η).
+K̃ = K under plain SGD, as the paper and its references run it. Under momentum m (FedPAC's
+protocol runs every baseline with m = 0.5) K steps move y by η Σ_k (1 − m^k) / (1 − m) times
+the mean direction, so K̃ is that sum; with K̃ = K the control variates overshoot by about
+1 / (1 − m) and flip sign from round to round (measured: README, SCAFFOLD).
 Upload: y_i and Δc_i = c_i⁺ − c_i. Server (lines 16-17, global step size 1): x = sample-weighted
 mean of the y_i; c ← c + (|S| / N) · mean(Δc_i), so that c stays the mean of all clients' c_i.
 Prediction: the global model.
@@ -43,6 +47,9 @@ class SCAFFOLD(Method):
     def end_local(self, client, server, stats):
         t = self.training
         steps = t.local_epochs * torch.div(stats["n"], t.batch_size, rounding_mode="floor")  # K (last partial batch dropped)
+        m = t.momentum
+        if m:  # K̃ = Σ_{k=1..K} (1 − m^k) / (1 − m): the distance K momentum steps travel along a constant direction
+            steps = (steps - m * (1 - m**steps) / (1 - m)) / (1 - m)
         out = {}
         for k in self.net.param_keys:
             new = client[CI + k] - server[C + k] + (server[k] - client[k]) / (steps.clamp(min=1) * t.lr)  # option II

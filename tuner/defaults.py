@@ -61,6 +61,13 @@ RULES = [
     Rule({"lam": 1e-4, "mu": 0.0}, "GPFL's official scripts: λ = 1e-4, μ = 0 for ResNet-18 and fastText", method=("gpfl",), backbone=("resnet18", "fasttext")),
     Rule({"lam": 0.01, "mu": 1.0}, "GPFL's official scripts: λ = 0.01, μ = 1 for HAR-CNN", method=("gpfl",), backbone=("harcnn",)),
     Rule({"lam": 1.0}, "FedCP Appendix D: λ = 1 for ResNet-18 and fastText (5 for the CNN)", method=("fedcp",), backbone=("resnet18", "fasttext")),
+    # --- baselines by protocol. Module defaults are FedPAC Appendix B's tuned values (pFedMe λ = 10, K = 5;
+    # Ditto λ = 1; APFL α = 0.25; FedFomo M = 5; pFedHN step 0.01) or the method's reference code where
+    # FedPAC states none (FedBABU's 10 fine-tuning epochs, FedAMP's α_K = σ = λ = 1: PFLlib's defaults).
+    # GPFL and FedCP state no baseline hyperparameter; their tables ran PFLlib, whose defaults
+    # (main.py) agree with the modules' except pFedMe's λ. FedProx's μ = 0.01 has no source (PFLlib's
+    # default μ = 0 is FedAvg).
+    Rule({"lam": 1.0}, "PFLlib's default λ = 1 for pFedMe (main.py -lam; GPFL and FedCP state none)", protocol="pfllib", method=("pfedme",)),
 ]
 # What the table sets for the run; every other name a rule sets is a method hyperparameter.
 RUN_SETTINGS = ("backbone", "lr", "batch_size", "local_epochs", "momentum", "weight_decay", "groups", "full_last_round", "augment", "normalize")

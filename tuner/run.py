@@ -88,7 +88,8 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     if dtype != torch.float32:
         data = replace(data, decode=_decoding_to(dtype, data.decode))
     method_cls = METHODS[cfg.method]
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay, cfg.rounds)
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay, cfg.rounds,
+                        sum(cfg.join_range()) / 2)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device, dtype)
