@@ -25,31 +25,36 @@ def run_rounds(cfg, rounds):
     return sim, rows
 
 
+# In float64, so rounding (batched and single kernels round differently, and chaotic ablations
+# amplify float32's 1e-7 to 1e-3 in two rounds) stays near 1e-14 and can never pass for a real
+# mismatch (a wrong tensor or a missed step: 1e-2 and more).
+EXACT = dict(rtol=1e-9, atol=1e-9)
+
+
+def assert_equal_states(a, b):
+    for x, y in ((a.clients, b.clients), (a.server, b.server)):
+        for k in x:
+            torch.testing.assert_close(y[k], x[k], **EXACT)
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
-    # Two rounds: batched and single kernels round differently and some ablations amplify that ~100x a
-    # round (GPFL-noGCE: 4e-7 after one round, 3e-3 after three; FedCP-noSS reached 1.2e-4 on a loaded
-    # machine); real mismatches (a wrong tensor, a missed step) are 1e-2 and more.
-    # Sums over samples (FedProto's class sums, ~100) carry rounding in proportion to their size.
-    seq, seq_rows = run_rounds(digits(method, executor="sequential"), 2)
-    vec, vec_rows = run_rounds(digits(method, executor="vectorized"), 2)
-    for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
-        for k in a:
-            torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=5e-4 * max(1.0, a[k].abs().max().item()))
+    seq, seq_rows = run_rounds(digits(method, executor="sequential", dtype="float64"), 2)
+    vec, vec_rows = run_rounds(digits(method, executor="vectorized", dtype="float64"), 2)
+    assert_equal_states(seq, vec)
     for a, b in zip(seq_rows, vec_rows):
         assert a["clients"] == b["clients"]
         for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
 
 
-@pytest.mark.parametrize("method,options", [("gpfl", {"pfllib": True}), ("fedavg", {"protocol": "fedpac", "backbone": "mlp"})])
+@pytest.mark.parametrize("method,options", [("gpfl", {"pfllib": True}), ("fedphp", {"pfllib": True}), ("fedavg", {"protocol": "fedpac", "backbone": "mlp"})])
 def test_reference_forms_and_protocols_are_equal_under_both_executors(method, options):
     hp = {k: v for k, v in options.items() if k == "pfllib"}
     run = {k: v for k, v in options.items() if k != "pfllib"}
-    seq, _ = run_rounds(digits(method, executor="sequential", hparams=hp, **run), 2)
-    vec, _ = run_rounds(digits(method, executor="vectorized", hparams=hp, **run), 2)
-    for k in seq.clients:
-        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-3, atol=5e-4)
+    seq, _ = run_rounds(digits(method, executor="sequential", hparams=hp, dtype="float64", **run), 2)
+    vec, _ = run_rounds(digits(method, executor="vectorized", hparams=hp, dtype="float64", **run), 2)
+    assert_equal_states(seq, vec)
 
 
 def assert_same_clients(a, b):
@@ -176,8 +181,7 @@ def test_out_of_memory_halves_the_chunk_and_runs_every_client_once():
 
 
 def test_chunked_cohorts_equal_the_sequential_reference():
-    seq, seq_rows = run_rounds(digits("fedrep", executor="sequential", clients=7), 2)
-    vec, vec_rows = run_rounds(digits("fedrep", executor="vectorized", clients=7, cohort_chunk=3), 2)
-    for k in seq.clients:
-        torch.testing.assert_close(vec.clients[k], seq.clients[k], rtol=1e-4, atol=1e-5)
+    seq, seq_rows = run_rounds(digits("fedrep", executor="sequential", clients=7, dtype="float64"), 2)
+    vec, vec_rows = run_rounds(digits("fedrep", executor="vectorized", clients=7, cohort_chunk=3, dtype="float64"), 2)
+    assert_equal_states(seq, vec)
     assert vec_rows[-1]["acc"] == pytest.approx(seq_rows[-1]["acc"])
