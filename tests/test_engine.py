@@ -59,13 +59,13 @@ def test_reference_forms_and_protocols_are_equal_under_both_executors(method, op
 
 def assert_same_clients(a, b):
     for k in a.clients:
-        torch.testing.assert_close(b.clients[k], a.clients[k], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(b.clients[k], a.clients[k], **EXACT)
 
 
 def test_batchnorm_statistics_stay_per_client_under_both_executors():
     # Three steps per client: over more, a ResNet on 8x8 inputs (1x1 maps, BatchNorm over 10 values)
     # amplifies float rounding chaotically, though single gradients agree to 1e-6.
-    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
+    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2, dtype="float64")
     seq, _ = run_rounds(digits("fedper", executor="sequential", **cfg), 1)
     vec, _ = run_rounds(digits("fedper", executor="vectorized", **cfg), 1)
     assert_same_clients(seq, vec)
@@ -92,7 +92,7 @@ def test_every_method_trains_resnet18_under_vmap_with_batchnorm_statistics_per_c
 def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
     # Equal after one round (over more steps ResNet-18 on 8x8 inputs amplifies rounding chaotically, as for
     # FedPer); round 2 is where uploaded statistics would come back from the server and break vmap.
-    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
+    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2, dtype="float64")
     seq, _ = run_rounds(digits("fedcp", executor="sequential", **cfg), 1)
     vec, _ = run_rounds(digits("fedcp", executor="vectorized", **cfg), 1)
     assert_same_clients(seq, vec)
@@ -106,7 +106,7 @@ def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
 
 @pytest.mark.skipif(not DEBIAN_FMNIST.exists(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_vectorized_equals_sequential_with_cnn4_on_fmnist():
-    cfg = dict(dataset="fmnist", partition="pac:20", clients=5, pac_train=60, pac_test=30, backbone="cnn4", lr=0.01, val_frac=0.0)
+    cfg = dict(dataset="fmnist", partition="pac:20", clients=5, pac_train=60, pac_test=30, backbone="cnn4", lr=0.01, val_frac=0.0, dtype="float64")
     seq, _ = run_rounds(digits("fedavg", executor="sequential", **cfg), 2)
     vec, _ = run_rounds(digits("fedavg", executor="vectorized", **cfg), 2)
     assert_same_clients(seq, vec)

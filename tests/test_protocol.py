@@ -103,11 +103,11 @@ def test_augmented_training_is_the_same_under_both_executors_and_differs_from_pl
     runs = {}
     for executor in ("sequential", "vectorized"):
         for augment in (True, False):
-            sim = build_simulation(config("fedper", executor=executor, augment=augment, rounds=2, lr=0.05))
+            sim = build_simulation(config("fedper", executor=executor, augment=augment, rounds=2, lr=0.05, dtype="float64"))
             sim.step()
             runs[executor, augment] = sim
     for k, v in runs["sequential", True].clients.items():
-        torch.testing.assert_close(runs["vectorized", True].clients[k], v, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(runs["vectorized", True].clients[k], v, rtol=1e-9, atol=1e-9)  # float64: rounding is ~1e-15
     assert not torch.allclose(runs["sequential", True].clients["head.weight"], runs["sequential", False].clients["head.weight"])
 
 
