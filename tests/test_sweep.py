@@ -25,12 +25,25 @@ samples: 3
 """
 
 
+def _trial(d: Path) -> dict:
+    rows = [json.loads(line) for line in (d / "result.json").read_text().splitlines() if line.strip()]
+    return {"dir": d, "params": json.loads((d / "params.json").read_text()), "rows": rows}
+
+
 def trials(experiment: Path) -> list[dict]:
-    """Every trial of a Ray Tune experiment: its sampled config and its reported rows."""
+    """Every trial of a finished Ray Tune experiment: its sampled config and its reported rows."""
+    return [_trial(d) for d in sorted(p for p in experiment.iterdir() if (p / "params.json").exists())]
+
+
+def trials_so_far(experiment: Path) -> list[dict]:
+    """The trials of a running experiment whose files are whole: Tune may be writing one as it is read
+    (seen: an empty params.json), and that trial is seen whole at the next poll."""
     out = []
-    for d in sorted(p for p in experiment.iterdir() if (p / "params.json").exists()):
-        rows = [json.loads(line) for line in (d / "result.json").read_text().splitlines() if line.strip()]
-        out.append({"dir": d, "params": json.loads((d / "params.json").read_text()), "rows": rows})
+    for d in sorted(p for p in experiment.iterdir() if (p / "params.json").exists()) if experiment.exists() else []:
+        try:
+            out.append(_trial(d))
+        except json.JSONDecodeError:
+            continue
     return out
 
 
@@ -121,7 +134,7 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     experiment = tmp_path / "fedavg-kill" / "search"
     deadline = time.time() + 240
     while time.time() < deadline:  # kill once one trial is done and the next has checkpointed mid-way
-        ts = trials(experiment) if experiment.exists() else []
+        ts = trials_so_far(experiment)
         finished = [t for t in ts if t["rows"] and t["rows"][-1]["round"] == 8]
         midway = [t for t in ts if t["rows"] and 2 <= t["rows"][-1]["round"] < 8 and list(t["dir"].glob("checkpoint_*"))]
         if finished and midway:
@@ -131,7 +144,7 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
         pytest.fail("the sweep never reached a finished and a half-done trial")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials(experiment)}
+    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)}  # the kill may have cut a file mid-write
     done_before = [name for name, rounds in before.items() if rounds[-1] == 8]
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -155,7 +168,7 @@ def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_p
     proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     experiment = tmp_path / "fedavg-term" / "search"
     deadline = time.time() + 240
-    while time.time() < deadline and not any(list(t["dir"].glob("checkpoint_*")) for t in (trials(experiment) if experiment.exists() else [])):
+    while time.time() < deadline and not any(list(t["dir"].glob("checkpoint_*")) for t in trials_so_far(experiment)):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
