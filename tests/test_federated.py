@@ -19,7 +19,7 @@ def test_client_tensors_follow_the_partition():
     x, y = data.train.client(3)
     assert torch.equal(y, torch.from_numpy(LABELS[PART.train[3]]))
     assert data.label_counts().sum() == 450
-    index, mask = data.test.padded_index([1, 2], start=10, width=16)
+    index, mask = data.test.padded_index(torch.tensor([1, 2]), start=10, width=16)
     assert mask.sum(1).tolist() == [10, 10] and index[0, 0].item() == data.test.offsets[1] + 10
 
 

@@ -158,10 +158,10 @@ class SequentialExecutor(Executor):
                 params = {k: cohort[k][j].clone() for k in keys}
                 rest = {k: v[j] for k, v in cohort.items() if k not in params}  # views: BatchNorm statistics update in place
                 momentum = {k: torch.zeros_like(v) for k, v in params.items()} if phase.momentum else None
-                base = train.offsets[i]
-                for s, row in enumerate(sched):
-                    idx = (row + base).to(train.y.device)
-                    x = self._inputs(idx, None if draws is None else draws[j][s])
+                rows = (sched + train.offsets[i]).to(train.y.device)  # one copy per client, not per step
+                crops = None if draws is None else draws[j].to(train.y.device)
+                for s, idx in enumerate(rows):
+                    x = self._inputs(idx, None if crops is None else crops[s])
                     g, loss = grad_fn(params, rest, server, x, train.y[idx])
                     _sgd(params, g, momentum, phase)
                     losses[j] += loss.detach()  # no host sync per step
@@ -239,7 +239,8 @@ class VectorizedExecutor(Executor):
                     index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
                     if aug is not None:
                         aug[r, : n_steps[r]] = draws[j]
-                index = index.to(device)
+                index = index.to(device)  # the chunk's whole schedule in one copy
+                aug = None if aug is None else aug.to(device)
                 active = [sum(1 for c in n_steps if c > s) for s in range(n_steps[0])]
                 order_t = torch.tensor(order, device=device)
                 params = {k: cohort[k][order_t].clone() for k in keys}
@@ -273,14 +274,14 @@ class VectorizedExecutor(Executor):
         def run_chunk(part: range) -> None:
             rows = sorted(part, key=lambda j: -split.counts[ids[j]])  # longest first: active clients are a prefix
             rows_t = torch.tensor(rows, device=device)
+            clients_t = torch.tensor([ids[j] for j in rows], device=device)  # once per chunk: no host copy per step
             state = {k: v[rows_t] for k, v in states.items()}
             counts = [split.counts[ids[j]] for j in rows]
             width = min(eb, max(counts[0], 1))  # no wider than the largest client: padding costs a full forward pass
             total: State = {}
             for start in range(0, max(counts[0], 1), width):
                 a = max(1, sum(1 for c in counts if c > start))
-                index, mask = split.padded_index([ids[j] for j in rows[:a]], start, width)
-                index, mask = index.to(device), mask.to(device)
+                index, mask = split.padded_index(clients_t[:a], start, width)
                 part_out = mapped({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index], mask.to(_float_type(states)))
                 if not total:
                     total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
@@ -367,9 +368,9 @@ class Simulation:
         train = self.data.train
         self.method.net.module.eval()
         parts, longest = [], max(max(train.counts), 1)
+        ids_t = torch.tensor(ids, device=self.device)
         for start in range(0, longest, self.settings.eval_batch):
-            index, mask = train.padded_index(ids, start, self.settings.eval_batch)
-            index, mask = index.to(self.device), mask.to(self.device)
+            index, mask = train.padded_index(ids_t, start, self.settings.eval_batch)
             parts.append(self.executor.map(self.method.memory, clients, self.server, self.data.decode(train.x[index]), train.y[index], mask.to(_float_type(clients))))
         return {k: torch.cat([p[k] for p in parts], 1)[:, :longest] for k in parts[0]}
 

@@ -82,6 +82,9 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
     cfg = cfg.resolved()
     device = resolve_device(cfg.device)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic matmuls
+    torch.use_deterministic_algorithms(cfg.deterministic)  # per run: a process may build several
     data = data or build_data(cfg, device)
     check_batches(cfg, data)
     dtype = getattr(torch, cfg.dtype)

@@ -36,15 +36,19 @@ class Split:
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.x[a:b], self.y[a:b]
 
-    def padded_index(self, ids: list[int], start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows start:start+width of each client in ids, as (index, mask); short clients are padded."""
-        off = self.offsets
-        pos = torch.arange(start, start + width)
-        counts = torch.tensor([self.counts[i] for i in ids])
-        mask = pos[None, :] < counts[:, None]
-        index = torch.tensor([off[i] for i in ids])[:, None] + torch.where(mask, pos[None, :], 0)
-        return index.clamp_(max=max(len(self.y) - 1, 0)), mask
+    @cached_property
+    def _device_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(offsets, counts) on the data's device, so index building never copies from the host."""
+        return (torch.tensor(self.offsets[:-1], device=self.y.device), torch.tensor(self.counts, device=self.y.device))
 
+    def padded_index(self, ids: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows start:start+width of each client in ids (a tensor on the data's device), as (index, mask) on
+        that device; short clients are padded."""
+        offsets, counts = self._device_table
+        pos = torch.arange(start, start + width, device=self.y.device)
+        mask = pos[None, :] < counts[ids][:, None]
+        index = offsets[ids][:, None] + torch.where(mask, pos[None, :], 0)
+        return index.clamp_(max=max(len(self.y) - 1, 0)), mask
 
 @dataclass
 class FederatedData:

@@ -1,0 +1,71 @@
+"""bench/gpu_campaign.py in its smoke form on the CPU, so the GPU command cannot rot between GPU runs."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["environment", "correctness", "speed", "sharing", "real run"]
+
+
+def without_ray_and_optuna(tmp_path: Path) -> dict:
+    """An environment where importing ray or optuna fails, as on a bare GPU node (the campaign's runs inherit it)."""
+    blocked = tmp_path / "blocked"
+    for name in ("ray", "optuna"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed on this node')\n")
+    return {**os.environ, "PYTHONPATH": f"{blocked}:{ROOT}", "OMP_NUM_THREADS": "1"}
+
+
+def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_result(tmp_path):
+    out = tmp_path / "campaign"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)],
+                          env=without_ray_and_optuna(tmp_path), capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = [line.split("]")[0].strip("[") for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert printed == STAGES  # one line per stage, in order
+    results = json.loads((out / "campaign.json").read_text())
+    assert list(results) == STAGES and not [s for s in STAGES if "error" in results[s]]
+    assert results["environment"]["packages"]["torch"] and "cvxpy" in results["environment"]["packages"]
+    checks = results["correctness"]["checks"]
+    assert {"executors equal: fedpac", "ResNet-18 BatchNorm under vmap", "exact resume on the device"} <= set(checks)
+    assert all(c["status"] == "passed" for c in checks.values()), checks
+    figures = results["speed"]["figures"]
+    assert {"fedavg vectorized s/round", "fedavg sequential s/round", "fedavg ceiling s/round", "fedpac whole round s"} <= set(figures)
+    assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"}
+    gpfl = results["real run"]["runs"]["gpfl"]
+    assert gpfl["finished"] and gpfl["rounds"] == 2
+    assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2  # a run `tuner report` reads
+    summary = (out / "summary.md").read_text()
+    assert all(f"| {s} |" in summary for s in STAGES)
+
+
+def load_campaign():
+    spec = importlib.util.spec_from_file_location("gpu_campaign", ROOT / "bench/gpu_campaign.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_check_or_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
+    campaign = load_campaign()
+
+    def broken():
+        raise AssertionError("vectorized differs from sequential")
+
+    failed = campaign._check(float("inf"), broken)
+    assert failed["status"] == "failed" and "vectorized differs" in failed["message"]
+    assert campaign._check(0.0, broken) == {"status": "skipped"}  # past its stage's time: not run, said so
+
+    args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True})()
+    c = campaign.Campaign(args)
+    c.stage("speed", lambda deadline: 1 / 0)
+    c.stage("environment", c.environment)
+    results = json.loads((tmp_path / "campaign.json").read_text())
+    assert "ZeroDivisionError" in results["speed"]["error"] and results["environment"]["device"] == "cpu"
+    assert "| speed | ZeroDivisionError" in (tmp_path / "summary.md").read_text()
