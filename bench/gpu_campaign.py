@@ -197,14 +197,7 @@ class Campaign:
         for method, cell in self.table_settings().items():
             if time.monotonic() > deadline:
                 break
-            sim = build_simulation(replace(cell, executor="vectorized"))
-            sim.step()  # warm-up
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(rounds):
-                sim.step()
-            sync()
-            out[f"{method} whole round s"] = (time.perf_counter() - t0) / rounds
+            out[f"{method} whole round s"] = 1 / rounds_per_second(build_simulation(replace(cell, executor="vectorized")), rounds, sync)
         parts = [f"{k} {v:.3g}" for k, v in out.items()]
         return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
