@@ -10,6 +10,8 @@ from algorithms import BASELINES, METHODS
 from tuner.config import RunConfig
 from tuner.run import build_simulation
 
+from reference_runs import reference_run
+
 
 def sim_for(method, steps=0, **kw):
     base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05, rounds=max(steps, 5))
@@ -31,8 +33,8 @@ def batch(sim, i, n=10, split="train"):
 @pytest.mark.parametrize("method", [m.name for m in BASELINES])
 def test_resume_from_a_state_dict_is_exact(method):
     cfg = dict(join_ratio="0.5-1", val_frac=0.2, dtype="float64")  # bitwise equal, in the precision the equality tests use
-    straight = sim_for(method, 3, **cfg)
-    first = sim_for(method, 2, **cfg)
+    straight = sim_for(method, 2, **cfg)  # resumed after round 1: round 2 is where round 1's uploads come back
+    first = sim_for(method, 1, **cfg)
     resumed = sim_for(method, **cfg)
     resumed.load_state_dict(first.state_dict())
     resumed.step()
@@ -453,10 +455,8 @@ def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_mo
 
 
 def trajectory(method):
-    """Per-round (accuracy, training loss) in float64, where rounding cannot pass for a difference; two rounds,
-    so that what is uploaded in the first comes back (FedFomo combines from its second round)."""
-    sim = sim_for(method, 2, clients=4, partition="pat:2", dtype="float64", batch_size=40)
-    return [(r["acc"], r["train_loss"]) for r in sim.history]
+    """Per-round (accuracy, training loss) of the shared float64 reference run."""
+    return [(r["acc"], r["train_loss"]) for r in reference_run(method).history]
 
 
 # Methods that are another in a limit their paper names.

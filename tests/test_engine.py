@@ -13,6 +13,8 @@ from tuner.engine import batch_schedule, sample_cohort
 from tuner.errors import UserError
 from tuner.run import build_simulation
 
+from reference_runs import exact_config, reference_run
+
 
 def digits(method, **kw):
     base = dict(method=method, dataset="digits", partition="dir:0.3", clients=6, lr=0.05, join_ratio="0.5-1", val_frac=0.2)
@@ -39,10 +41,10 @@ def assert_equal_states(a, b):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
-    seq, seq_rows = run_rounds(digits(method, executor="sequential", dtype="float64"), 2)
-    vec, vec_rows = run_rounds(digits(method, executor="vectorized", dtype="float64"), 2)
+    seq = reference_run(method)
+    vec, vec_rows = run_rounds(exact_config(method, executor="vectorized"), 2)
     assert_equal_states(seq, vec)
-    for a, b in zip(seq_rows, vec_rows):
+    for a, b in zip(seq.history, vec_rows):
         assert a["clients"] == b["clients"]
         for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
