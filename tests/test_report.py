@@ -136,3 +136,14 @@ def test_each_table_reports_its_own_metric(results, tmp_path):
     assert (runs.loc["fedpac", "best_acc"], runs.loc["fedpac", "final_acc"]) == (0.90, 0.85)
     md = (tmp_path / "r" / "tables.md").read_text()
     assert "### FedPAC Table1\n\nOurs: final round." in md
+
+
+def test_a_run_in_a_papers_setting_whose_method_the_table_lacks_is_reported_without_a_row(tmp_path):
+    # Per-FedAvg on FedPAC's pac:20 setting: FedPAC's Table 1 has that column but no Per-FedAvg row.
+    root = tmp_path / "runs"
+    write_run(root / "pac-per-fedavg", "per-fedavg", [0.6, 0.8, 0.85], partition="pac:20", backbone="pac_cnn", protocol="fedpac")
+    res = CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "curves-fmnist-pac20-20.png").exists()
+    runs = pd.read_parquet(tmp_path / "r" / "runs.parquet")
+    assert list(runs["method"]) == ["per-fedavg"]
