@@ -229,8 +229,10 @@ class Campaign:
             # Steady-state throughput: rounds after each process's first, over the time they took.
             per_process = [(rounds - 1) / pd.read_parquet(d / "metrics.parquet")["time_s"].iloc[1:].sum() for d in dirs]
             rates[k] = sum(per_process)
-        if rates:
-            self.knee = max(rates, key=lambda k: rates[k] / (1 + 0.1 * (k - 1)))  # the most runs before the gain falls under 10 % a run
+        for fewer, more in zip(rates, list(rates)[1:]):  # the knee: more runs only while they add 10 % or more
+            if rates[more] < 1.1 * rates[fewer]:
+                break
+            self.knee = more
         line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (f"; best k = {self.knee}" if rates else "no time left")
         return {"rounds_per_second": rates, "best_k": self.knee, "line": line}
 
@@ -290,9 +292,10 @@ def tuner_run(args: list[str], campaign: Campaign) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run_dir = Path(args[args.index("--out") + 1])
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = open(run_dir.with_name(run_dir.name + ".log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", *args, *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.log = log.name
+    log = run_dir.with_name(run_dir.name + ".log")
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", *args, *extra], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc.log = str(log)
     return proc
 
 
