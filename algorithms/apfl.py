@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
 
 GLOBAL = "global."
 ALPHA = "apfl.alpha"
@@ -32,6 +32,7 @@ class APFL(Method):
     title = "APFL"
     Hparams = APFLHparams
     shared = (GLOBAL,)
+    passes = Passes(end_local=True)  # α_i projected to [0, 1]
 
     def init_client(self, model):
         alpha = torch.tensor(self.hp.alpha, device=model[self.net.param_keys[0]].device)
@@ -49,7 +50,7 @@ class APFL(Method):
         global_loss = F.cross_entropy(self.net.logits(state, x, GLOBAL), y)
         return global_loss + F.cross_entropy(self.net.logits(self.mixed(state, True), x), y)
 
-    def end_local(self, client, server, stats):
+    def end_local(self, client, server, stats, at):
         return {ALPHA: client[ALPHA].clamp(0.0, 1.0)}
 
     def logits(self, state, server, x):

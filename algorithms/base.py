@@ -1,50 +1,36 @@
-"""The method interface: a pFL method is a handful of pure functions of tensor dicts.
+"""The method contract: a pFL method is a few pure functions of tensor dicts.
 
 A client's state and the server's state are flat dicts of tensors ("body.0.weight",
-"head.weight", plus whatever a method adds). The engine, written once, runs every method.
-Per-client functions take the client's state first and the server's state second:
+"head.weight", plus whatever a method adds). The engine, written once, runs every method;
+a method says what it does in each step of a round, and which optional steps it takes:
 
-    broadcast(client, server, index) -> client   what client `index` takes from the server each round
-    begin_local(client, server, stats) -> client before local training (stats: see `statistics`)
-    phases()                      -> [Phase]     local training: which tensors, how long, which loss
-    loss(state, server, x, y)     -> scalar      the local objective of one minibatch
-    end_local(client, server, stats) -> client   after local training
-    upload(client, server)        -> dict        what a client sends
-    aggregate(server, uploads, weights, ids) -> server   (uploads stacked over the cohort `ids`)
-    logits(state, server, x)      -> logits      how a client predicts (its personalized model)
+    init_client(model) / init_server(model)        what each client and the server hold at first
+    broadcast(client, server, at)   -> client      what a client takes from the server before it trains
+    begin_local(client, server, stats, at) -> client   before local training   (Passes.begin_local)
+    phases()                        -> [Phase]     local training: which tensors, how long, which loss
+    loss(state, server, x, y)       -> scalar      the local objective of one minibatch
+    end_local(client, server, stats, at) -> client     after local training    (Passes.end_local)
+    upload(client, server)          -> dict        what a client sends          (Passes.upload)
+    aggregate(server, uploads, at)  -> server      uploads stacked over the cohort `at.clients`
+    logits(state, server, x)        -> logits      how a client predicts (its personalized model)
 
-What else a method may declare, each used by a few methods and written once in the engine:
-    statistics(state, server, x, y, w) + stats_before / stats_after: sums over the client's
-        training data before / after local training, handed to begin_local / end_local
-        (FedPAC's feature statistics, FedRoD's label counts, SCAFFOLD's step count, HypCluster's
-        and FedFomo's losses of other models, FedEM's E-step, FedProto's prototypes);
-    several phases, each training some tensors with its own loss, epochs, lr or step cap
-        (FedRep, Ditto, Per-FedAvg's one adaptation step); a loss may itself run inner gradient
-        steps with torch.func (Per-FedAvg's MAML step, pFedMe's K steps);
-    more than one model per client: a copy of the backbone under a prefix (Net.copy, Net.logits
-        with a prefix, Net.stacked for k of them: Ditto, APFL, FedEM, FedPHP);
-    per-client state on the server: tensors with a client dimension that `broadcast(..., index)`
-        reads and `aggregate(..., ids)` writes (FedPAC's heads, FedAMP's cloud models, FedFomo's
-        stored models, which other clients then download); `aggregate` runs once per round, not
-        under vmap, so it may train with autograd (pFedHN's hypernetwork);
-    eval_phases: fine-tuning of copies before evaluation (FedAvg-FT, FedBABU, FedEM-FT);
-    remembers + memory: a datastore of the client's whole training split for evaluation (kNN-Per);
-    holdout: a fraction of each client's training split kept out of local training, over which
-        its statistics are taken (FedFomo's validation split);
-    serial: the round's clients train one after another, the server aggregating after each and
-        the next client receiving its result (pFedHN's Algorithm 1); Phase.batch: a phase that
-        draws other than the run's batch size (Per-FedAvg's two batches per step).
+`at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
+samples and local steps. `stats` are sums over the client's data that `statistics` defines
+(Passes.statistics_before / statistics_after); `memory` builds a datastore for prediction
+(Passes.memory); `eval_phases` fine-tunes copies before evaluation. Idioms several methods share
+(MMD, label counts, a plain cross-entropy, per-client slots on the server) are in
+`algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
+(from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
 
-The engine maps each per-client function over a cohort one client at a time (sequential) or
-all at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or
-mutate its inputs. This package depends on torch only.
+The engine maps each per-client function over a cohort one client at a time (sequential) or all
+at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
+its inputs. This package depends on torch only.
 """
 
 from __future__ import annotations
 
 import copy
-
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Callable, ClassVar
 
 import torch
@@ -52,7 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-State = dict[str, torch.Tensor]
+from algorithms.common import State, weighted_mean
+
+
+class Unsupported(ValueError):
+    """A method cannot run this combination of hyperparameters, backbone or federation; the message
+    is one sentence naming what to change."""
 
 
 class Net:
@@ -113,17 +104,75 @@ class Net:
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One stretch of local SGD over the client's training data."""
+class SGD:
+    """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
+    a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without)."""
 
-    trains: tuple[str, ...]  # prefixes of the client tensors this phase updates
-    epochs: int
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+
+    def init(self, params: State) -> State:
+        return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
+
+    def step(self, params: State, grads: State, state: State) -> None:
+        p = list(params.values())
+        d = [grads[k] for k in params]
+        if self.weight_decay:
+            d = torch._foreach_add(d, p, alpha=self.weight_decay)
+        if self.momentum:
+            buf = [state[k] for k in params]
+            torch._foreach_mul_(buf, self.momentum)
+            torch._foreach_add_(buf, d)
+            d = buf
+        torch._foreach_add_(p, d, alpha=-self.lr)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of local training over the client's training data."""
+
+    trains: tuple[str, ...]  # prefixes of the client tensors this phase updates
+    epochs: int
+    optimizer: SGD
     loss: Callable[..., torch.Tensor] | None = None  # (state, server, x, y) -> scalar; None: the method's loss
     steps: int | None = None  # at most this many minibatch steps (None: every batch of every epoch)
     batch: int | None = None  # samples drawn per step (None: the run's batch size)
+
+    def step_count(self, samples: int, run_batch: int) -> int:
+        """The steps a client with `samples` training samples takes: full batches only (the last partial
+        batch is dropped, as PFLlib does), every epoch, up to `steps`."""
+        count = self.epochs * (samples // (self.batch or run_batch))
+        return count if self.steps is None else min(count, self.steps)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the engine tells a hook of the round it runs in. In a per-client hook (broadcast,
+    begin_local, end_local) the tensors are that client's own, 0-dimensional; in `aggregate` they are
+    the cohort's, in the order of the stacked uploads."""
+
+    number: int  # the round being trained, from 1 (in broadcast: the round the client trains next)
+    total: int  # the run's rounds
+    clients: torch.Tensor  # client ids (long)
+    samples: torch.Tensor  # training samples n_i (the run's float type)
+    steps: torch.Tensor  # local steps of this round's training phases, n_i // batch per epoch (float)
+
+    def client(self, i: int) -> Round:
+        """The record as the cohort's i-th client sees it in a per-client hook."""
+        return replace(self, clients=self.clients[i], samples=self.samples[i], steps=self.steps[i])
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The optional passes of a round a method takes; the engine runs these and no others."""
+
+    begin_local: bool = False  # begin_local before local training
+    end_local: bool = False  # end_local after it
+    statistics_before: bool = False  # sums of `statistics` over the client's data, handed to begin_local
+    statistics_after: bool = False  # ... with the trained model, handed to end_local
+    upload: bool = True  # clients upload and the server aggregates
+    memory: bool = False  # `memory` of each client's whole training split joins its state for prediction
 
 
 @dataclass
@@ -134,9 +183,10 @@ class Training:
     local_epochs: int
     batch_size: int
     num_classes: int
+    clients: int  # the federation's size
     momentum: float = 0.0
     weight_decay: float = 0.0
-    rounds: int = 1  # the run's communication rounds, for schedules over training (FedPHP)
+    rounds: int = 1  # the run's communication rounds
     participation: float = 1.0  # the mean share of clients that train in a round (ρ)
 
 
@@ -150,40 +200,31 @@ class Method:
 
     name: ClassVar[str]
     title: ClassVar[str]  # how the papers' tables name it
-    Hparams: ClassVar[type] = NoHparams
+    Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
-    stats_before: ClassVar[bool] = False  # run `statistics` over the client's training data before local training
-    stats_after: ClassVar[bool] = False  # ... and after it
-    protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
-    remembers: ClassVar[bool] = False  # evaluate with `memory` of each client's whole training split (a datastore)
+    passes: ClassVar[Passes] = Passes()
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
-    family: ClassVar[str] = ""  # the method a variant belongs to ("": itself)
-    fixed: ClassVar[dict] = {}  # the hyperparameters a variant fixes: its ablation, above every default
+    protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
+    family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
+    fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        problem = _declaration_problem(cls)
+        if problem:
+            raise TypeError(f"{cls.__name__}: {problem}")
 
     def __init__(self, net: Net, training: Training, hp=None):
         self.net = net
         self.training = training
         self.hp = hp if hp is not None else self.Hparams()
 
-    @classmethod
-    def validate(cls, hp) -> str | None:
-        """A sentence naming what is wrong with a combination of hyperparameters, or None."""
-        return None
-
-    def check(self, num_clients: int) -> str | None:
-        """A sentence naming why this method cannot run this backbone or federation, or None."""
-        return None
-
-    @property
-    def uploads(self) -> bool:
-        return bool(self.shared) or type(self).upload is not Method.upload
-
     # --- what clients and the server hold
     def init_client(self, model: State) -> State:
         return {k: v.clone() for k, v in model.items()}
 
-    def init_server(self, model: State, num_clients: int) -> State:
+    def init_server(self, model: State) -> State:
         return {k: v.clone() for k, v in self.init_client(model).items() if self.is_shared(k)}
 
     def is_shared(self, key: str) -> bool:
@@ -191,66 +232,73 @@ class Method:
         return key.startswith(self.shared) and not self.net.is_buffer(key)
 
     # --- one round
-    def broadcast(self, client: State, server: State, index: torch.Tensor) -> State:
+    def broadcast(self, client: State, server: State, at: Round) -> State:
         return {**client, **{k: v for k, v in server.items() if self.is_shared(k)}}
 
     def statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
         """Sums over one batch (w: 1 for real samples, 0 for padding); the engine adds up the batches."""
-        raise NotImplementedError(f"{type(self).__name__} asks for statistics but defines none")
+        raise NotImplementedError
 
-    def begin_local(self, client: State, server: State, stats: State) -> State:
-        return client
+    def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
+        """The tensors that change before local training; `stats` is {} without statistics_before."""
+        raise NotImplementedError
 
-    def end_local(self, client: State, server: State, stats: State) -> State:
-        return client
+    def end_local(self, client: State, server: State, stats: State, at: Round) -> State:
+        """The tensors that change after local training; `stats` is {} without statistics_after."""
+        raise NotImplementedError
 
     def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None,
             batch: int | None = None) -> Phase:  # fmt: skip
         """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, t.lr if lr is None else lr, t.momentum, t.weight_decay, loss, steps, batch)
+        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay), loss, steps, batch)
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]
 
     def loss(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.logits(state, server, x), y)
+        """Cross-entropy of the client's own backbone (not of `logits`, which may predict otherwise)."""
+        return F.cross_entropy(self.net.logits(state, x), y)
 
     def upload(self, client: State, server: State) -> State:
         return {k: v for k, v in client.items() if self.is_shared(k)}
 
-    def aggregate(self, server: State, uploads: State, weights: torch.Tensor, ids: torch.Tensor) -> State:
+    def aggregate(self, server: State, uploads: State, at: Round) -> State:
         """Sample-weighted mean over the cohort; uploads are stacked along dim 0."""
-        return {**server, **weighted_mean(uploads, weights)}
+        return {**server, **weighted_mean(uploads, at.samples)}
 
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
         return self.net.logits(state, x)
 
     def memory(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
-        """Tensors added to a client's state for evaluation: one row per training sample (dim 0), computed
+        """Tensors added to a client's state for prediction: one row per training sample (dim 0), computed
         a batch at a time over the client's whole training split and joined (w: 0 for padding)."""
-        raise NotImplementedError(f"{type(self).__name__} remembers but defines no memory")
+        raise NotImplementedError
 
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""
         return []
 
 
-def weighted_mean(stacked: State, weights: torch.Tensor) -> State:
-    w = weights / weights.sum()
-    return {k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in stacked.items()}
-
-
-def substate(state: State, prefix: str) -> State:
-    """The tensors under `prefix`, with the prefix removed: what functional_call wants for a submodule."""
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-def prefixed(module: nn.Module, prefix: str) -> State:
-    """A module's initial parameters and buffers under `prefix`."""
-    return {prefix + k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+def _declaration_problem(cls: type[Method]) -> str | None:
+    """A method's declared passes must match the hooks it defines: a hook the engine would never call,
+    or a pass without its hook, is a mistake in the method, found when its class is defined."""
+    p = cls.passes
+    defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
+    for hook, declared in (("begin_local", p.begin_local), ("end_local", p.end_local), ("memory", p.memory)):
+        if defines(hook) != declared:
+            return f"defines {hook} but does not declare Passes({hook}=True)" if declared is False else f"declares {hook} but does not define it"
+    if (p.statistics_before and not p.begin_local) or (p.statistics_after and not p.end_local):
+        return "statistics go to begin_local (before) or end_local (after): declare that hook too"
+    if (p.statistics_before or p.statistics_after) != defines("statistics"):
+        return "statistics are defined without a statistics pass, or declared without being defined"
+    if not p.upload and (defines("upload") or defines("aggregate")):
+        return "defines upload or aggregate but declares Passes(upload=False)"
+    if p.upload and not cls.shared and not defines("upload"):
+        return "shares nothing and uploads nothing: declare Passes(upload=False) or define upload"
+    return None
 
 
 def hparam_names(method_cls: type[Method]) -> list[str]:
@@ -261,7 +309,7 @@ def variant(base: type[Method], title: str, **hparams) -> type[Method]:
     """A named ablation or variant of a method: the same method with other hyperparameter defaults."""
     known = {f.name for f in fields(base.Hparams)}
     assert set(hparams) <= known, f"{title}: unknown hyperparameters {set(hparams) - known}"
-    spec = [(f.name, f.type, field(default=hparams.get(f.name, f.default))) for f in fields(base.Hparams)]
-    hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec)
+    spec = [(f.name, f.type, field(default=hparams.get(f.name, f.default))) for f in fields(base.Hparams) if f.name in hparams]
+    hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec, bases=(base.Hparams,))  # keeps the base's checks
     attrs = {"name": title.lower(), "title": title, "Hparams": hp_cls, "family": base.family or base.name, "fixed": {**base.fixed, **hparams}}
     return type(title.replace("-", "_"), (base,), {**attrs, "__module__": base.__module__})

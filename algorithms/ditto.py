@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from algorithms.base import Method
+from algorithms.common import cross_entropy
 
 GLOBAL = "global."
 
@@ -33,10 +34,7 @@ class Ditto(Method):
         return {**super().init_client(model), **self.net.copy(model, GLOBAL)}
 
     def phases(self):
-        return [self.sgd((GLOBAL,), loss=self.global_loss), self.sgd(("body.", "head."), self.hp.personal_epochs)]
-
-    def global_loss(self, state, server, x, y):
-        return F.cross_entropy(self.net.logits(state, x, GLOBAL), y)
+        return [self.sgd((GLOBAL,), loss=cross_entropy(self.net, GLOBAL)), self.sgd(("body.", "head."), self.hp.personal_epochs)]
 
     def loss(self, state, server, x, y):
         pull = sum(((state[k] - server[GLOBAL + k]) ** 2).sum() for k in self.net.param_keys)

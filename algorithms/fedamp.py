@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method
+from algorithms.common import per_client
 
 CLOUD = "amp.u."
 
@@ -36,11 +37,11 @@ class FedAMP(Method):
     def init_client(self, model):
         return {**super().init_client(model), **{CLOUD + k: model[k].clone() for k in self.net.param_keys}}
 
-    def init_server(self, model, num_clients):
-        return {CLOUD + k: model[k].unsqueeze(0).repeat(num_clients, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
+    def init_server(self, model):
+        return {CLOUD + k: per_client(model[k], self.training.clients) for k in self.net.param_keys}
 
-    def broadcast(self, client, server, index):
-        return {**client, **{CLOUD + k: server[CLOUD + k][index] for k in self.net.param_keys}}
+    def broadcast(self, client, server, at):
+        return {**client, **{CLOUD + k: server[CLOUD + k][at.clients] for k in self.net.param_keys}}
 
     def loss(self, state, server, x, y):
         pull = sum(((state[k] - state[CLOUD + k]) ** 2).sum() for k in self.net.param_keys)
@@ -49,13 +50,13 @@ class FedAMP(Method):
     def upload(self, client, server):
         return {k: client[k] for k in self.net.param_keys}
 
-    def aggregate(self, server, uploads, weights, ids):
+    def aggregate(self, server, uploads, at):
         flat = torch.cat([uploads[k].flatten(1) for k in self.net.param_keys], 1)
         distance = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist") ** 2  # exact: the matrix-product path (used past 25 rows) loses small distances
         xi = self.hp.alpha_k * torch.exp(-distance / self.hp.sigma) / self.hp.sigma
-        xi = xi * (1 - torch.eye(len(ids), device=xi.device))
+        xi = xi * (1 - torch.eye(len(at.clients), device=xi.device))
         xi = xi + torch.diag(1 - xi.sum(1))  # eq. 6: the rest of the weight stays with the client's own model
         out = dict(server)
         for k in self.net.param_keys:
-            out[CLOUD + k] = server[CLOUD + k].index_put((ids,), torch.tensordot(xi, uploads[k], dims=1))
+            out[CLOUD + k] = server[CLOUD + k].index_put((at.clients,), torch.tensordot(xi, uploads[k], dims=1))
         return out

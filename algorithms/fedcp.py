@@ -27,10 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, prefixed, substate, variant
-
-MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # RBF bandwidths of the reference implementation
-
+from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.common import mmd, prefixed, substate
 
 @dataclass
 class FedCPHparams:
@@ -42,15 +40,9 @@ class FedCPHparams:
     gh: bool = True  # frozen global head (only removable together with the CPN)
     gumbel: bool = False  # PFLlib: Gumbel-softmax policy, also at inference
 
-
-def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Maximum mean discrepancy between two batches of features, a sum of RBF kernels."""
-
-    def kernel(u, v):
-        d = ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1)
-        return sum(torch.exp(-0.5 * d / s) for s in MMD_BANDWIDTHS)
-
-    return kernel(a, a).mean() + kernel(b, b).mean() - 2 * kernel(a, b).mean()
+    def __post_init__(self):
+        if self.cpn and not self.gh:
+            raise Unsupported("FedCP cannot keep the CPN without the frozen global head (gh=false needs cpn=false).")
 
 
 class FedCP(Method):
@@ -58,12 +50,7 @@ class FedCP(Method):
     title = "FedCP"
     Hparams = FedCPHparams
     shared = ("body.", "head.", "cpn.")
-
-    @classmethod
-    def validate(cls, hp) -> str | None:
-        if hp.cpn and not hp.gh:
-            return "FedCP cannot keep the CPN without the frozen global head (gh=false needs cpn=false)."
-        return None
+    passes = Passes(begin_local=True)  # v_i from the personal head
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
@@ -71,15 +58,16 @@ class FedCP(Method):
         device = next(net.module.parameters()).device
         self.policy_net = nn.Sequential(nn.Linear(k, 2 * k), nn.LayerNorm(2 * k), nn.ReLU()).to(device)
         self.random_input = torch.randn(k, device=device)  # the CPN input when both vectors are ablated
-        # v_i reduces the head's first weight (C x K, or the first layer of an MLP head) over its rows
-        self.head_weight = next(k for k in net.keys(("head.",)) if k.endswith("weight"))
+        # v_i reduces the head's first weight matrix (C x K, or the first layer of an MLP head) over its rows
+        shapes = dict(net.module.named_parameters())
+        self.head_weight = next(k for k in net.keys(("head.",)) if shapes[k].dim() == 2)
 
     def init_client(self, model):
         state = {**super().init_client(model), **prefixed(self.policy_net, "cpn.")}
         state["fedcp.v"] = torch.ones(self.net.feature_dim)
         return {k: v.to(self.random_input.device) for k, v in state.items()}
 
-    def broadcast(self, client, server, index):
+    def broadcast(self, client, server, at):
         # W_i^fe ← W^fe and Θ_i ← Θ; the personal head stays, W^hd is read from the server when needed.
         return {**client, **{k: v for k, v in server.items() if self._shared_each_round(k)}}
 
@@ -87,7 +75,7 @@ class FedCP(Method):
         """W^fe and Θ travel whole each round; BatchNorm statistics stay with their client."""
         return self.is_shared(key) and key.startswith(("body.", "cpn."))
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         return {"fedcp.v": client[self.head_weight].sum(0)}  # v_i = Σ_c w_c, constant during training
 
     def phases(self):
@@ -107,12 +95,16 @@ class FedCP(Method):
         policy = F.gumbel_softmax(a, tau=1.0, dim=-1) if self.hp.gumbel else torch.softmax(a, dim=-1)  # eq. 4
         return policy[..., 0], policy[..., 1]  # r_i, s_i
 
+    def _frozen(self, state, server):
+        """The frozen global model: the server's parameters; BatchNorm statistics on throwaway copies of the client's."""
+        return {**{k: state[k].clone() for k in self.net.buffer_keys}, **server}
+
     def _output(self, state, server, h):
         if not self.hp.cpn:
             personal = self.net.head(state, h)
-            return personal + self.net.head(server, h) if self.hp.gh else personal
+            return personal + self.net.head(self._frozen(state, server), h) if self.hp.gh else personal
         r, s = self._policy(state, h)
-        return self.net.head(server, r * h) + self.net.head(state, s * h)  # frozen global head + personal head
+        return self.net.head(self._frozen(state, server), r * h) + self.net.head(state, s * h)  # frozen global head + personal head
 
     def logits(self, state, server, x):
         return self._output(state, server, self.net.features(state, x))
@@ -121,9 +113,7 @@ class FedCP(Method):
         h = self.net.features(state, x)
         loss = F.cross_entropy(self._output(state, server, h), y)
         if self.hp.gfm:
-            # The frozen global extractor: the server's parameters; BatchNorm statistics on throwaway copies.
-            frozen = {**{k: state[k].clone() for k in self.net.buffer_keys if k.startswith("body.")}, **server}
-            loss = loss + self.hp.lam * mmd(h, self.net.features(frozen, x).detach())  # eq. 7
+            loss = loss + self.hp.lam * mmd(h, self.net.features(self._frozen(state, server), x).detach())  # eq. 7: the frozen extractor
         return loss
 
     def upload(self, client, server):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, substate, variant
+from algorithms.base import Method, Passes, variant
 
 MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 
@@ -34,7 +34,7 @@ class FedEM(Method):
     title = "FedEM"
     Hparams = FedEMHparams
     shared = (MODELS,)
-    stats_before = True  # the E-step
+    passes = Passes(statistics_before=True, begin_local=True)  # the E-step
 
     def init_client(self, model):
         models = [model] + [self.net.fresh(seed) for seed in range(1, self.hp.m)]
@@ -63,10 +63,10 @@ class FedEM(Method):
 
     def statistics(self, state, server, x, y, w):
         q = self.responsibilities(state[PI], self.log_likelihoods(state, x, y))
-        return {"q": (q * w).sum(1), "n": w.sum()}
+        return {"q": (q * w).sum(1)}
 
-    def begin_local(self, client, server, stats):
-        pi = stats["q"] / stats["n"].clamp(min=1)  # E-step
+    def begin_local(self, client, server, stats, at):
+        pi = stats["q"] / at.samples.clamp(min=1)  # E-step
         frozen = {ESTEP + k: client[k].clone() for k in client if k.startswith(MODELS)}  # the E-step's components, through the M-step
         return {PI: pi, **frozen, ESTEP + PI: client[PI].clone()}
 

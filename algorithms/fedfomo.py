@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
+from algorithms.common import per_client
 
 MODELS, AFFINITY, OLD = "fomo.models.", "fomo.affinity", "fomo.old."
 CHOSEN, WEIGHTS = "fomo.chosen", "fomo.weights"
@@ -44,23 +45,27 @@ class FedFomo(Method):
     title = "FedFomo"
     Hparams = FedFomoHparams
     shared = ()
-    stats_before = True  # validation losses of θ_i^old and of each candidate
+    passes = Passes(statistics_before=True, begin_local=True)  # validation losses of θ_i^old and of each candidate
     holdout = 0.2  # PFLlib's val_ratio
 
-    def init_server(self, model, num_clients):
-        self.downloads = min(self.hp.m, num_clients)  # M, never more than the clients (the engine makes the server first)
-        models = {MODELS + k: model[k].unsqueeze(0).repeat(num_clients, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
-        return {**models, AFFINITY: torch.eye(num_clients, device=model[self.net.param_keys[0]].device)}
+    def __init__(self, net, training, hp=None):
+        super().__init__(net, training, hp)
+        self.downloads = min(self.hp.m, training.clients)  # M, never more than the clients
+
+    def init_server(self, model):
+        n = self.training.clients
+        models = {MODELS + k: per_client(model[k], n) for k in self.net.param_keys}
+        return {**models, AFFINITY: torch.eye(n, device=model[self.net.param_keys[0]].device)}
 
     def init_client(self, model):
         device = model[self.net.param_keys[0]].device
         slots = {CHOSEN: torch.zeros(self.downloads, dtype=torch.long, device=device), WEIGHTS: torch.zeros(self.downloads, device=device)}
         return {**super().init_client(model), **{OLD + k: model[k].clone() for k in self.net.param_keys}, **slots}
 
-    def broadcast(self, client, server, index):
+    def broadcast(self, client, server, at):
         n = server[AFFINITY].shape[0]
-        after = (torch.arange(n, device=index.device) - index) % n  # ties go to the next ids, the client itself first
-        chosen = torch.topk(server[AFFINITY][index] - 1e-6 * after, self.downloads).indices
+        after = (torch.arange(n, device=at.clients.device) - at.clients) % n  # ties go to the next ids, the client itself first
+        chosen = torch.topk(server[AFFINITY][at.clients] - 1e-6 * after, self.downloads).indices
         return {**client, CHOSEN: chosen}
 
     def candidates(self, state, server):
@@ -74,7 +79,7 @@ class FedFomo(Method):
         old = loss_of({k: state[OLD + k] for k in self.net.param_keys})
         return {"old": old, "others": vmap(loss_of)(self.candidates(state, server)), "n": w.sum()}
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         keys = self.net.param_keys
         others = self.candidates(client, server)
         n = stats["n"].clamp(min=1)
@@ -89,8 +94,8 @@ class FedFomo(Method):
     def upload(self, client, server):
         return {**{k: client[k] for k in self.net.param_keys}, CHOSEN: client[CHOSEN], WEIGHTS: client[WEIGHTS]}
 
-    def aggregate(self, server, uploads, weights, ids):
-        out = {**server, **{MODELS + k: server[MODELS + k].index_put((ids,), uploads[k]) for k in self.net.param_keys}}
-        rows = ids[:, None].expand_as(uploads[CHOSEN])
+    def aggregate(self, server, uploads, at):
+        out = {**server, **{MODELS + k: server[MODELS + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys}}
+        rows = at.clients[:, None].expand_as(uploads[CHOSEN])
         out[AFFINITY] = server[AFFINITY].index_put((rows, uploads[CHOSEN]), uploads[WEIGHTS].to(server[AFFINITY].dtype), accumulate=True)
         return out

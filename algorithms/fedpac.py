@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, variant, weighted_mean
+from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.common import cross_entropy, per_client, weighted_mean
 
 COMBINE = ("qp", "protoweights", "none")
 WEIGHTS = ("paper", "official", "pfllib")
@@ -46,6 +47,12 @@ class FedPACHparams:
     head_lr: float = 0.1  # η_g, the head's one epoch
     combine: str = "qp"  # qp (46) | protoweights (replication report) | none
     weights: str = "paper"  # paper | official | pfllib: what happens to tiny combination weights
+
+    def __post_init__(self):
+        if self.combine not in COMBINE:
+            raise Unsupported(f"FedPAC's combine must be one of {', '.join(COMBINE)}, not '{self.combine}'.")
+        if self.weights not in WEIGHTS:
+            raise Unsupported(f"FedPAC's weights must be one of {', '.join(WEIGHTS)}, not '{self.weights}'.")
 
 
 class SimplexQPs:
@@ -83,17 +90,9 @@ class FedPAC(Method):
     title = "FedPAC"
     Hparams = FedPACHparams
     shared = ("body.",)
-    stats_before = True  # μ_i, V_i with the received extractor
-    stats_after = True  # centroids ĉ_i with the trained one
+    # statistics μ_i, V_i with the received extractor before training, centroids ĉ_i with the trained one after
+    passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, end_local=True)
     protocol = "fedpac"  # Appendix B.3: batch 50, E = 5, momentum 0.5, weight decay 5e-4
-
-    @classmethod
-    def validate(cls, hp) -> str | None:
-        if hp.combine not in COMBINE:
-            return f"FedPAC's combine must be one of {', '.join(COMBINE)}, not '{hp.combine}'."
-        if hp.weights not in WEIGHTS:
-            return f"FedPAC's weights must be one of {', '.join(WEIGHTS)}, not '{hp.weights}'."
-        return None
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
@@ -106,19 +105,19 @@ class FedPAC(Method):
         zeros = lambda *shape: torch.zeros(*shape, device=device)  # noqa: E731
         return {**super().init_client(model), "pac.h": zeros(c, k), "pac.v": zeros(()), "pac.sum": zeros(c, k), "pac.count": zeros(c)}
 
-    def init_server(self, model, num_clients):
+    def init_server(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
-        server = super().init_server(model, num_clients)
+        server = super().init_server(model)
         server["pac.centroids"] = torch.zeros(c, k, device=model[self.head_keys[0]].device)
         server["pac.has_centroids"] = torch.zeros((), device=server["pac.centroids"].device)
         for key in self.head_keys:  # the combined head waiting for each client
-            server["pac.head." + key] = model[key].unsqueeze(0).repeat(num_clients, *[1] * model[key].dim()).clone()
+            server["pac.head." + key] = per_client(model[key], self.training.clients)
         return server
 
-    def broadcast(self, client, server, index):
-        out = super().broadcast(client, server, index)
+    def broadcast(self, client, server, at):
+        out = super().broadcast(client, server, at)
         if self.hp.combine != "none":
-            out |= {k: server["pac.head." + k][index] for k in self.head_keys}
+            out |= {k: server["pac.head." + k][at.clients] for k in self.head_keys}
         return out
 
     # --- local round
@@ -127,7 +126,7 @@ class FedPAC(Method):
         onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(f.dtype) * w[:, None]
         return {"count": onehot.sum(0), "sum": onehot.T @ f, "sqnorm": onehot.T @ (f**2).sum(1)}
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         count = stats["count"]
         prior = count / count.sum().clamp(min=1)  # P̂_i(y)
         mean = stats["sum"] / count.clamp(min=1)[:, None]  # μ_i,y
@@ -135,16 +134,13 @@ class FedPAC(Method):
         v = (prior * second - prior**2 * (mean**2).sum(1)).sum()  # eq. 44
         return {"pac.h": prior[:, None] * mean, "pac.v": v}
 
-    def end_local(self, client, server, stats):
+    def end_local(self, client, server, stats, at):
         return {"pac.sum": stats["sum"], "pac.count": stats["count"]}  # centroids ĉ_i = sum / count (eq. 17)
 
     def phases(self):
-        head = self.sgd(("head.",), epochs=1, lr=self.hp.head_lr, loss=self.cross_entropy)  # eq. 15
+        head = self.sgd(("head.",), epochs=1, lr=self.hp.head_lr, loss=cross_entropy(self.net))  # eq. 15
         body = self.sgd(("body.",))  # eq. 16
         return [head, body]
-
-    def cross_entropy(self, state, server, x, y):
-        return F.cross_entropy(self.logits(state, server, x), y)
 
     def loss(self, state, server, x, y):
         f = self.net.features(state, x)
@@ -159,17 +155,17 @@ class FedPAC(Method):
         return {k: client[k] for k in keys}
 
     # --- server
-    def aggregate(self, server, uploads, weights, ids):
-        out = {**server, **weighted_mean({k: uploads[k] for k in self.net.keys(self.shared)}, weights)}  # eq. 18
+    def aggregate(self, server, uploads, at):
+        out = {**server, **weighted_mean({k: uploads[k] for k in self.net.keys(self.shared)}, at.samples)}  # eq. 18
         total = uploads["pac.count"].sum(0)
         centroids = uploads["pac.sum"].sum(0) / total.clamp(min=1)[:, None]  # eq. 19: Σ n_ik ĉ_ik / Σ n_ik
         out["pac.centroids"] = torch.where(total[:, None] > 0, centroids, server["pac.centroids"])
         out["pac.has_centroids"] = torch.ones_like(server["pac.has_centroids"])
         if self.hp.combine != "none":
-            alpha = self.combination_weights(uploads, weights).to(weights.device)
+            alpha = self.combination_weights(uploads, at.samples).to(at.samples.device)
             for k in self.head_keys:
                 combined = torch.tensordot(alpha.to(uploads[k].dtype), uploads[k], dims=1)  # eq. 4
-                out["pac.head." + k] = server["pac.head." + k].index_put((ids,), combined)
+                out["pac.head." + k] = server["pac.head." + k].index_put((at.clients,), combined)
         return out
 
     def combination_weights(self, uploads, weights) -> torch.Tensor:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
+from algorithms.common import mmd
 
-PRIVATE, TEACHER, COUNT, ROUND = "php.private.", "php.teacher.", "php.count", "php.round"
-BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+PRIVATE, TEACHER, COUNT = "php.private.", "php.teacher.", "php.count"
 
 
 @dataclass
@@ -35,35 +35,22 @@ class FedPHPHparams:
     pfllib: bool = False  # PFLlib's form: the global model teaches the inherited mixture
 
 
-def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Maximum mean discrepancy of two batches of features under a sum of RBF kernels."""
-
-    def kernel(u, v):
-        d = (u * u).sum(1)[:, None] + (v * v).sum(1)[None] - 2 * u @ v.T
-        return sum(torch.exp(-0.5 * d / h) for h in BANDWIDTHS)
-
-    return (kernel(a, a) + kernel(b, b) - 2 * kernel(a, b)).mean()
-
-
 class FedPHP(Method):
     name = "fedphp"
     title = "FedPHP"
     Hparams = FedPHPHparams
+    passes = Passes(end_local=True)  # inheritance
 
     def init_client(self, model):
         if self.hp.pfllib:
             return {**super().init_client(model), **self.net.copy(model, TEACHER)}
         return {**super().init_client(model), **self.net.copy(model, PRIVATE), COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device)}
 
-    def init_server(self, model, num_clients):
-        server = super().init_server(model, num_clients)
-        return {**server, ROUND: torch.zeros((), device=model[self.net.param_keys[0]].device)} if self.hp.pfllib else server
-
-    def broadcast(self, client, server, index):
-        out = super().broadcast(client, server, index)
+    def broadcast(self, client, server, at):
+        out = super().broadcast(client, server, at)
         if not self.hp.pfllib:
             return out
-        mu = self.hp.mu * (server[ROUND] + 1) / self.training.rounds  # μ_R of the round about to be trained
+        mu = self.hp.mu * at.number / at.total  # μ_R of the round about to be trained
         keys = self.net.param_keys
         own = {k: (1 - mu) * server[k] + mu * client[k] for k in keys}
         return {**out, **own, **{TEACHER + k: server[k] for k in keys}}
@@ -73,7 +60,7 @@ class FedPHP(Method):
         teacher = self.net.features(state, x, (TEACHER if self.hp.pfllib else PRIVATE) + "body.").detach()
         return (1 - self.hp.lam) * F.cross_entropy(self.net.head(state, f), y) + self.hp.lam * mmd(f, teacher)
 
-    def end_local(self, client, server, stats):
+    def end_local(self, client, server, stats, at):
         if self.hp.pfllib:
             return client
         t = self.training
@@ -81,10 +68,6 @@ class FedPHP(Method):
         floats = [k for k in self.net.param_keys + self.net.buffer_keys if client[k].is_floating_point()]  # BatchNorm statistics too
         inherited = {PRIVATE + k: mu * client[PRIVATE + k] + (1 - mu) * client[k] for k in floats}  # update_hpm
         return {**client, **inherited, COUNT: client[COUNT] + 1}
-
-    def aggregate(self, server, uploads, weights, ids):
-        out = super().aggregate(server, uploads, weights, ids)
-        return {**out, ROUND: server[ROUND] + 1} if self.hp.pfllib else out
 
     def logits(self, state, server, x):
         return self.net.logits(state, x, "" if self.hp.pfllib else PRIVATE)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
 
 SUM, COUNT = "proto.sum", "proto.count"
 PROTOS, HAS = "proto.global", "proto.has"
@@ -30,14 +30,14 @@ class FedProto(Method):
     title = "FedProto"
     Hparams = FedProtoHparams
     shared = ()
-    stats_after = True  # class means of the trained features
+    passes = Passes(statistics_after=True, end_local=True)  # class means of the trained features
 
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.net.param_keys[0]].device
         return {**super().init_client(model), SUM: torch.zeros(c, k, device=device), COUNT: torch.zeros(c, device=device)}
 
-    def init_server(self, model, num_clients):
+    def init_server(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.net.param_keys[0]].device
         return {PROTOS: torch.zeros(c, k, device=device), HAS: torch.zeros(c, device=device)}
@@ -52,13 +52,13 @@ class FedProto(Method):
         onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(f.dtype) * w[:, None]
         return {"sum": onehot.T @ f, "count": onehot.sum(0)}
 
-    def end_local(self, client, server, stats):
+    def end_local(self, client, server, stats, at):
         return {SUM: stats["sum"], COUNT: stats["count"]}
 
     def upload(self, client, server):
         return {SUM: client[SUM], COUNT: client[COUNT]}
 
-    def aggregate(self, server, uploads, weights, ids):
+    def aggregate(self, server, uploads, at):
         count = uploads[COUNT].sum(0)
         protos = uploads[SUM].sum(0) / count.clamp(min=1)[:, None]  # eq. 6, weighted by class counts
         has = count > 0

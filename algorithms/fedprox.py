@@ -24,4 +24,4 @@ class FedProx(Method):
 
     def loss(self, state, server, x, y):
         proximal = sum(((state[k] - server[k]) ** 2).sum() for k in server)
-        return F.cross_entropy(self.logits(state, server, x), y) + self.hp.mu / 2 * proximal
+        return F.cross_entropy(self.net.logits(state, x), y) + self.hp.mu / 2 * proximal

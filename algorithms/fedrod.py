@@ -9,7 +9,8 @@ Upload: body and g. Server: sample-weighted mean. Prediction: g(z) + p_i(z).
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
+from algorithms.common import label_counts
 
 PERSONAL = "rod."
 PRIOR = "rod.log_prior"
@@ -19,7 +20,7 @@ class FedRoD(Method):
     name = "fedrod"
     title = "FedRoD"
     shared = ("body.", "head.")
-    stats_before = True  # the client's label counts
+    passes = Passes(statistics_before=True, begin_local=True)  # the client's label counts
 
     def init_client(self, model):
         head = {PERSONAL + k: model[k].clone() for k in self.net.keys(("head.",), params_only=False)}
@@ -27,9 +28,9 @@ class FedRoD(Method):
         return {**super().init_client(model), **head, PRIOR: prior}
 
     def statistics(self, state, server, x, y, w):
-        return {"count": ((y[:, None] == torch.arange(self.training.num_classes, device=y.device)) * w[:, None]).sum(0)}
+        return {"count": label_counts(y, w, self.training.num_classes)}
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         count = stats["count"]
         return {PRIOR: torch.log((count / count.sum().clamp(min=1)).clamp(min=1e-12))}  # absent classes: ~ -28
 

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, prefixed, substate, variant
+from algorithms.base import Method, Passes, variant
+from algorithms.common import label_counts, prefixed, substate
 
 
 @dataclass
@@ -59,7 +60,7 @@ class GPFL(Method):
     title = "GPFL"
     Hparams = GPFLHparams
     shared = ("body.", "cov.", "gce.")
-    stats_before = True  # label frequencies α_i (eq. 6)
+    passes = Passes(statistics_before=True, begin_local=True)  # label frequencies α_i (eq. 6)
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
@@ -77,17 +78,16 @@ class GPFL(Method):
                 state["gpfl.cond_gce"] = state["gce.weight"].clone()
         return {k: v.to(self.constants.device) for k, v in state.items()}
 
-    def broadcast(self, client, server, index):
-        out = super().broadcast(client, server, index)
+    def broadcast(self, client, server, at):
+        out = super().broadcast(client, server, at)
         if self.hp.pfllib and self.hp.gce:  # PFLlib's set_GCE: the conditions come from the embeddings being replaced
             out["gpfl.cond_gce"] = client["gce.weight"]
         return out
 
     def statistics(self, state, server, x, y, w):
-        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(w.dtype)
-        return {"labels": (onehot * w[:, None]).sum(0)}
+        return {"labels": label_counts(y, w, self.training.num_classes)}
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         return {"gpfl.alpha": stats["labels"] / stats["labels"].sum().clamp(min=1)}  # eq. 6
 
     def phases(self):

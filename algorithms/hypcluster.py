@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, substate, variant
+from algorithms.base import Method, Passes, variant
+from algorithms.common import substate
 
 MODELS, CHOICE = "hyp.model.", "hyp.choice"
 
@@ -30,13 +31,13 @@ class HypCluster(Method):
     title = "HypCluster"
     Hparams = HypClusterHparams
     shared = ()
-    stats_before = True  # every cluster model's loss on the client's data
+    passes = Passes(statistics_before=True, begin_local=True)  # every cluster model's loss on the client's data
 
     def init_client(self, model):
         choice = torch.zeros(self.hp.k, device=model[self.net.param_keys[0]].device)
         return {**super().init_client(model), CHOICE: choice}
 
-    def init_server(self, model, num_clients):
+    def init_server(self, model):
         models = [model] + [self.net.fresh(seed) for seed in range(1, self.hp.k)]
         return {k: v.to(model[self.net.param_keys[0]].device) for k, v in self.net.stacked(models, MODELS).items()}
 
@@ -46,20 +47,17 @@ class HypCluster(Method):
 
         return {"loss": vmap(loss_of)(substate(server, MODELS))}
 
-    def begin_local(self, client, server, stats):
+    def begin_local(self, client, server, stats, at):
         best = stats["loss"].argmin()
         chosen = {k: server[MODELS + k][best] for k in self.net.param_keys + self.net.buffer_keys}
         choice = F.one_hot(best, self.hp.k).to(client[CHOICE].dtype)
         return {**chosen, CHOICE: choice}
 
-    def loss(self, state, server, x, y):
-        return F.cross_entropy(self.net.logits(state, x), y)  # the client's copy, not the cluster's model it predicts with
-
     def upload(self, client, server):
         return {**{k: client[k] for k in self.net.param_keys}, CHOICE: client[CHOICE]}
 
-    def aggregate(self, server, uploads, weights, ids):
-        share = uploads[CHOICE] * weights[:, None]  # (cohort, k)
+    def aggregate(self, server, uploads, at):
+        share = uploads[CHOICE] * at.samples[:, None]  # (cohort, k)
         total = share.sum(0)
         out = dict(server)
         for key in self.net.param_keys:

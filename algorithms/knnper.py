@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
 
 KEYS, LABELS, MASK = "knn.keys", "knn.labels", "knn.mask"
 
@@ -33,10 +33,7 @@ class KNNPer(Method):
     name = "knn-per"
     title = "kNN-Per"
     Hparams = KNNPerHparams
-    remembers = True
-
-    def loss(self, state, server, x, y):
-        return F.cross_entropy(self.net.logits(state, x), y)  # training is FedAvg's
+    passes = Passes(memory=True)  # the datastore; training is FedAvg's
 
     def memory(self, state, server, x, y, w):
         return {KEYS: self.net.features(state, x), LABELS: y, MASK: w}

@@ -4,10 +4,11 @@ Shared: nothing. Personal: the whole backbone.
 Local loss: cross-entropy. Upload: nothing. Prediction: the client's own model.
 """
 
-from algorithms.base import Method
+from algorithms.base import Method, Passes
 
 
 class Local(Method):
     name = "local"
     title = "Local-only"
     shared = ()
+    passes = Passes(upload=False)

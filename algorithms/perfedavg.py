@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.func import grad
 
 from algorithms.base import Method
+from algorithms.common import cross_entropy
 
 
 @dataclass
@@ -52,7 +53,4 @@ class PerFedAvg(Method):
         return F.cross_entropy(self.net.logits({**state, **adapted}, x[half:]), y[half:])
 
     def eval_phases(self):
-        return [self.sgd(("body.", "head."), epochs=1, loss=self.plain_loss, steps=1)]
-
-    def plain_loss(self, state, server, x, y):
-        return F.cross_entropy(self.net.logits(state, x), y)
+        return [self.sgd(("body.", "head."), epochs=1, loss=cross_entropy(self.net), steps=1)]

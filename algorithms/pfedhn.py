@@ -24,7 +24,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from algorithms.base import Method, prefixed, substate
+from algorithms.base import SGD, Method, Unsupported
+from algorithms.common import prefixed, substate
 
 HN, MOMENTUM = "hn.", "hn_momentum."
 MAX_GRAD_NORM = 50.0  # the reference's clip of the hypernetwork's gradient
@@ -59,43 +60,45 @@ class PFedHN(Method):
     shared = ()
     serial = True  # Algorithm 1: a hypernetwork step after every client
 
-    def check(self, num_clients):
-        weights = self.hp.hidden * sum(p.numel() for p in self.net.module.parameters())
+    def __init__(self, net, training, hp=None):
+        super().__init__(net, training, hp)
+        weights = self.hp.hidden * sum(p.numel() for p in net.module.parameters())
         if weights > MAX_HEAD_WEIGHTS:
-            return (f"pFedHN's hypernetwork would need {weights / 1e6:.0f} million weights (one linear head of width {self.hp.hidden} "
-                    f"per tensor of this backbone); use a small backbone such as the papers' CNNs, or a smaller hidden.")  # fmt: skip
-        return None
+            raise Unsupported(f"pFedHN's hypernetwork would need {weights / 1e6:.0f} million weights (one linear head of width "
+                              f"{self.hp.hidden} per tensor of this backbone); use a small backbone such as the papers' CNNs, or a smaller hidden.")  # fmt: skip
+        with torch.device("meta"):  # its structure only: φ lives in the server's state, drawn in init_server
+            self.hypernetwork = self.build()
 
-    def init_server(self, model, num_clients):
-        shapes = {k: model[k].shape for k in self.net.param_keys}
+    def build(self) -> Hypernetwork:
+        shapes = {k: p.shape for k, p in self.net.module.named_parameters()}
+        return Hypernetwork(self.training.clients, shapes, self.hp.hidden, self.hp.layers)
+
+    def init_server(self, model):
         with torch.random.fork_rng(devices=[]):  # drawn from the run's seed, leaving the run's stream as it was
-            self.hypernetwork = Hypernetwork(num_clients, shapes, self.hp.hidden, self.hp.layers).to(model[self.net.param_keys[0]].device)
-        phi = prefixed(self.hypernetwork, HN)
+            phi = prefixed(self.build().to(model[self.net.param_keys[0]].device), HN)
         return {**phi, **{MOMENTUM + k: torch.zeros_like(v) for k, v in phi.items()}}
 
     def generate(self, server, index):
         return functional_call(self.hypernetwork, substate(server, HN), (index,))
 
-    def broadcast(self, client, server, index):
-        return {**client, **self.generate(server, index)}
+    def broadcast(self, client, server, at):
+        return {**client, **self.generate(server, at.clients)}
 
     def upload(self, client, server):
         return {k: client[k] for k in self.net.param_keys}
 
-    def aggregate(self, server, uploads, weights, ids):
+    def aggregate(self, server, uploads, at):
         phi = substate(server, HN)
-        delta = {k: (vmap(lambda i: self.generate(server, i))(ids)[k] - uploads[k]).detach() for k in self.net.param_keys}
+        delta = {k: (vmap(lambda i: self.generate(server, i))(at.clients)[k] - uploads[k]).detach() for k in self.net.param_keys}
 
         def surrogate(p):  # its gradient: (∂θ_i/∂φ)ᵀ Δθ_i (one client: the engine runs pFedHN serially)
-            generated = vmap(lambda i: functional_call(self.hypernetwork, p, (i,)))(ids)
+            generated = vmap(lambda i: functional_call(self.hypernetwork, p, (i,)))(at.clients)
             return sum((generated[k] * delta[k]).sum() for k in self.net.param_keys)
 
         g = grad(surrogate)(phi)
         norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
         clip = torch.clamp(MAX_GRAD_NORM / (norm + 1e-6), max=1.0)  # torch.nn.utils.clip_grad_norm_(…, 50)
-        out = dict(server)
-        for k, v in phi.items():
-            step = 0.9 * server[MOMENTUM + HN + k] + clip * g[k] + 1e-3 * v  # SGD, momentum 0.9, weight decay 1e-3
-            out[MOMENTUM + HN + k] = step
-            out[HN + k] = v - self.hp.hn_lr * step
-        return out
+        phi = {k: v.clone() for k, v in phi.items()}
+        momentum = {k: server[MOMENTUM + HN + k].clone() for k in phi}
+        SGD(self.hp.hn_lr, momentum=0.9, weight_decay=1e-3).step(phi, {k: clip * v for k, v in g.items()}, momentum)
+        return {**server, **{HN + k: v for k, v in phi.items()}, **{MOMENTUM + HN + k: v for k, v in momentum.items()}}

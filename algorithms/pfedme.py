@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch.nn.functional as F
 from torch.func import grad
 
-from algorithms.base import Method
+from algorithms.base import SGD, Method
 
 PERSONAL = "me."
 
@@ -38,7 +38,7 @@ class PFedMe(Method):
 
     def phases(self):
         phase = self.sgd(("body.", "head.", PERSONAL))
-        return [replace(phase, momentum=0.0, weight_decay=0.0)]  # the θ step is exact only for plain SGD
+        return [replace(phase, optimizer=SGD(self.training.lr))]  # the θ step is exact only for plain SGD
 
     def personal(self, state, x, y):
         """K steps on f_i(θ) + λ/2 ‖θ − w‖² from the current θ (eq. 7)."""
@@ -61,8 +61,8 @@ class PFedMe(Method):
         settle = sum(((state[PERSONAL + k] - theta[k]) ** 2).sum() for k in keys) / (2 * self.training.lr)
         return pull + settle
 
-    def aggregate(self, server, uploads, weights, ids):
-        mean = super().aggregate(server, uploads, weights, ids)
+    def aggregate(self, server, uploads, at):
+        mean = super().aggregate(server, uploads, at)
         return {k: (1 - self.hp.beta) * server[k] + self.hp.beta * mean[k] for k in mean}  # eq. 10
 
     def logits(self, state, server, x):

@@ -17,37 +17,33 @@ Prediction: the global model.
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, weighted_mean
+from algorithms.base import Method, Passes
+from algorithms.common import weighted_mean
 
 C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
-CLIENTS = "scaffold.clients"
 
 
 class SCAFFOLD(Method):
     name = "scaffold"
     title = "SCAFFOLD"
     shared = ("body.", "head.")
-    stats_after = True  # n_i, for the number of local steps K
+    passes = Passes(end_local=True)
 
     def init_client(self, model):
         zeros = {pre + k: torch.zeros_like(model[k]) for k in self.net.param_keys for pre in (CI, DELTA)}
         return {**super().init_client(model), **zeros}
 
-    def init_server(self, model, num_clients):
+    def init_server(self, model):
         c = {C + k: torch.zeros_like(model[k]) for k in self.net.param_keys}
-        return {**super().init_server(model, num_clients), **c, CLIENTS: torch.tensor(float(num_clients), device=model[self.net.param_keys[0]].device)}
+        return {**super().init_server(model), **c}
 
     def loss(self, state, server, x, y):
         correction = sum((state[k] * (server[C + k] - state[CI + k])).sum() for k in self.net.param_keys)
         return F.cross_entropy(self.net.logits(state, x), y) + correction
 
-    def statistics(self, state, server, x, y, w):
-        return {"n": w.sum()}
-
-    def end_local(self, client, server, stats):
+    def end_local(self, client, server, stats, at):
         t = self.training
-        steps = t.local_epochs * torch.div(stats["n"], t.batch_size, rounding_mode="floor")  # K (last partial batch dropped)
-        m = t.momentum
+        steps, m = at.steps, t.momentum  # K local steps, under momentum m
         if m:  # K̃ = Σ_{k=1..K} (1 − m^k) / (1 − m): the distance K momentum steps travel along a constant direction
             steps = (steps - m * (1 - m**steps) / (1 - m)) / (1 - m)
         out = {}
@@ -59,8 +55,8 @@ class SCAFFOLD(Method):
     def upload(self, client, server):
         return {k: client[k] for k in [*self.net.param_keys, *(DELTA + k for k in self.net.param_keys)]}
 
-    def aggregate(self, server, uploads, weights, ids):
-        model = weighted_mean({k: uploads[k] for k in self.net.param_keys}, weights)
-        share = len(ids) / server[CLIENTS]
+    def aggregate(self, server, uploads, at):
+        model = weighted_mean({k: uploads[k] for k in self.net.param_keys}, at.samples)
+        share = len(at.clients) / self.training.clients
         control = {C + k: server[C + k] + share * uploads[DELTA + k].mean(0) for k in self.net.param_keys}
         return {**server, **model, **control}

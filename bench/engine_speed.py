@@ -36,8 +36,9 @@ def ceiling_rounds_per_second(sim, rounds: int, sync) -> float:
     """One model, the round's training samples in batches of batch_size x clients."""
     data, method = sim.data, sim.method
     net = method.net
-    b = sim.settings.batch_size * data.num_clients
-    samples = sum(n // sim.settings.batch_size * sim.settings.batch_size for n in data.train.counts)
+    batch = sim.method.training.batch_size
+    b = batch * data.num_clients
+    samples = sum(n // batch * batch for n in data.train.counts)
     steps = samples // b
     params = {k: v[0].clone() for k, v in sim.clients.items()}
     step = grad_and_value(lambda p, x, y: F.cross_entropy(net.head(p, net.features(p, x)), y))

@@ -14,7 +14,7 @@ import torch
 
 from torch import nn
 
-from algorithms.base import Net, Training
+from algorithms.base import Net, Round, Training
 from algorithms.fedpac import FedPAC
 from tuner.models import Backbone
 
@@ -28,10 +28,10 @@ def main() -> None:
     args = ap.parse_args()
     m, k, c = args.clients, args.features, args.classes
     net = Net(Backbone(nn.Linear(k, k), nn.Linear(k, c), k))  # the server only sees K-dimensional features and heads
-    method = FedPAC(net, Training(0.01, 5, 50, c))
+    method = FedPAC(net, Training(0.01, 5, 50, c, clients=m))
     model = net.initial_state()
-    server = method.init_server(model, m)
-    ids = torch.arange(m)
+    server = method.init_server(model)
+    at = Round(1, 1, torch.arange(m), torch.full((m,), 600.0), torch.full((m,), 60.0))
 
     def uploads() -> dict:
         centers = torch.randn(5, c, k)
@@ -39,15 +39,14 @@ def main() -> None:
         out = {key: model[key].unsqueeze(0).repeat(m, *[1] * model[key].dim()) + 0.01 * torch.randn(m, *model[key].shape) for key in net.param_keys}
         return out | {"pac.h": h, "pac.v": torch.rand(m) * 50, "pac.sum": h * 60, "pac.count": torch.full((m, c), 60.0)}
 
-    weights = torch.full((m,), 600.0)
     t0 = time.perf_counter()
-    method.aggregate(server, uploads(), weights, ids)
+    method.aggregate(server, uploads(), at)
     first = time.perf_counter() - t0
     times = []
     for _ in range(args.repeats):
         up = uploads()
         t0 = time.perf_counter()
-        method.aggregate(server, up, weights, ids)
+        method.aggregate(server, up, at)
         times.append(time.perf_counter() - t0)
     print(f"FedPAC server step, {m} clients, K = {k}, {c} classes ({torch.get_num_threads()} CPU threads)")
     print(f"  first round (compiles the QP once): {first:.2f} s")

@@ -17,7 +17,7 @@ import torch
 
 from algorithms import METHODS
 from tuner.config import RunConfig, apply_settings
-from tuner.run import build_data, build_simulation, resolve_device
+from tuner.run import build_data, build_simulation
 
 
 def seconds_per_round(cfg: RunConfig, data, sync) -> float:
@@ -40,9 +40,9 @@ def main() -> None:
     args = ap.parse_args()
     settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 1,
                 "executor": args.executor, "device": args.device}  # fmt: skip
-    device = resolve_device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     first = apply_settings(RunConfig(method="fedavg"), settings, "bench").resolved()
+    device = torch.device(first.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     data = build_data(first, device)  # one partition for every method
     rows = []
     for name in args.methods:

@@ -8,26 +8,8 @@ from torch.func import grad
 
 from algorithms import BASELINES, METHODS
 from tuner.config import RunConfig
-from tuner.run import build_simulation
 
-from reference_runs import reference_run
-
-
-def sim_for(method, steps=0, **kw):
-    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05, rounds=max(steps, 5))
-    sim = build_simulation(RunConfig(**{**base, **kw}))
-    for _ in range(steps):
-        sim.step()
-    return sim
-
-
-def client(sim, i):
-    return {k: v[i] for k, v in sim.clients.items()}
-
-
-def batch(sim, i, n=10, split="train"):
-    x, y = getattr(sim.data, split).client(i)
-    return sim.data.decode(x[:n]), y[:n]
+from simulations import batch, client, reference_run, sim_for
 
 
 @pytest.mark.parametrize("method", [m.name for m in BASELINES])
@@ -123,7 +105,7 @@ def test_ditto_pulls_the_personal_model_to_the_global_one_by_lambda():
     loose = sim_for("ditto", 2, hparams={"lam": 0.0})
     tight = sim_for("ditto", 2, hparams={"lam": 10.0})
     assert distance_to_global(tight) < 0.5 * distance_to_global(loose)
-    assert sim_for("ditto").method.uploads and set(tight.server) == {"global." + k for k in tight.method.net.param_keys}
+    assert sim_for("ditto").method.passes.upload and set(tight.server) == {"global." + k for k in tight.method.net.param_keys}
 
 
 def test_apfl_keeps_or_learns_alpha_within_0_1_and_predicts_with_the_mixture():
@@ -199,7 +181,7 @@ def test_per_fedavg_steps_on_the_adapted_models_gradient():
     m, state = sim.method, client(sim, 0)
     b = m.training.batch_size
     (phase,) = m.phases()  # PFLlib: β = lr, draws of 2B split into D and D', client training twice a round
-    assert (phase.lr, phase.batch, phase.epochs) == (m.training.lr, 2 * b, 2 * m.training.local_epochs)
+    assert (phase.optimizer.lr, phase.batch, phase.epochs) == (m.training.lr, 2 * b, 2 * m.training.local_epochs)
     x, y = batch(sim, 0, 2 * b)
     params = {k: state[k] for k in m.net.param_keys}
     ce = lambda p, a, b: F.cross_entropy(m.net.logits({**state, **p}, a), b)  # noqa: E731
@@ -212,7 +194,7 @@ def test_per_fedavg_steps_on_the_adapted_models_gradient():
     m.hp.second_order = True
     exact = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))(params)
     assert any(not torch.allclose(exact[k], expected[k]) for k in params)
-    assert [(p.steps, p.lr) for p in m.eval_phases()] == [(1, m.training.lr)]
+    assert [(p.steps, p.optimizer.lr) for p in m.eval_phases()] == [(1, m.training.lr)]
 
 
 def test_every_table_baseline_is_a_method():
@@ -292,7 +274,7 @@ def test_fedamp_cloud_models_weigh_similar_clients_more():
     for k in keys:  # clients 1 and 2 copy client 0; the others stay apart
         uploads[k][1] = uploads[k][0] + 1e-3
         uploads[k][2] = uploads[k][0] - 1e-3
-    out = m.aggregate(sim.server, uploads, torch.ones(6), torch.arange(6))
+    out = m.aggregate(sim.server, uploads, sim.at(1, list(range(6))))
     k = keys[0]
     cloud, own = out["amp.u." + k][0], uploads[k][0]
     near = (cloud - own).norm() / (uploads[k][3] - own).norm()
@@ -307,7 +289,7 @@ def test_fedamp_attention_is_exact_for_nearly_equal_models_among_many_clients():
     uploads = {k: v + torch.randn(v.shape, generator=g) for k, v in sim.clients.items() if k in keys}  # the others far apart
     for k in keys:  # client 1 next to client 0: beyond 25 rows cdist's matrix-product path rounds this distance to 0
         uploads[k][1] = uploads[k][0] + 1e-4 * (uploads[k][0].numel() ** -0.5)
-    out = m.aggregate(sim.server, uploads, torch.ones(30), torch.arange(30))
+    out = m.aggregate(sim.server, uploads, sim.at(1, list(range(30))))
     flat = lambda d, i: torch.cat([d[k][i].flatten().double() for k in keys])  # noqa: E731
     delta = flat(uploads, 1) - flat(uploads, 0)
     xi = torch.exp(-(delta**2).sum() / 1e-6)  # eq. 6 in float64: α_K e^{-d/σ} / σ with α_K = σ
@@ -328,7 +310,7 @@ def test_fedphp_trains_from_the_global_model_towards_the_private_one_and_inherit
     assert g[k].abs().sum() > 0 and m.loss(state, server, x, y) != m.loss({**state, "php.private." + k: server[k]}, server, x, y)
     trained = {**state, k: state[k] + 1.0}
     mu = m.hp.mu * 2 / 4  # two earlier rounds of training out of ρT = 4
-    out = m.end_local(trained, server, {})
+    out = m.end_local(trained, server, {}, sim.at(3, [0]).client(0))
     torch.testing.assert_close(out["php.private." + k], mu * state["php.private." + k] + (1 - mu) * trained[k])
     assert torch.equal(m.upload(trained, server)[k], trained[k])  # the model trained from the global one goes up
     torch.testing.assert_close(m.logits(state, server, x), m.net.logits(state, x, "php.private."))  # the HPM predicts
@@ -339,7 +321,7 @@ def test_fedphp_pfllib_form_inherits_on_receipt_and_learns_from_the_global_teach
     m, k = sim.method, sim.method.net.param_keys[0]
     state, server = client(sim, 0), sim.server
     mu = m.hp.mu * 3 / 4  # round 3 of 4
-    received = m.broadcast(state, server, torch.tensor(0))
+    received = m.broadcast(state, server, sim.at(3, [0]).client(0))
     torch.testing.assert_close(received[k], (1 - mu) * server[k] + mu * state[k])
     torch.testing.assert_close(received["php.teacher." + k], server[k])
     x, y = batch(sim, 0)
@@ -357,7 +339,7 @@ def test_fedfomo_weighs_candidates_on_held_out_data_against_the_model_it_began_t
     m, k = sim.method, sim.method.net.param_keys[0]
     state = client(sim, 0)
     stats = {"old": torch.tensor(10.0), "others": torch.tensor([5.0, 20.0, 10.0]), "n": torch.tensor(1.0)}
-    out = m.begin_local(state, sim.server, stats)
+    out = m.begin_local(state, sim.server, stats, sim.at(1, [0]).client(0))
     chosen = state["fomo.chosen"]
     gaps = torch.stack([sum(((sim.server["fomo.models." + q][j] - state["fomo.old." + q]) ** 2).sum() for q in m.net.param_keys) for j in chosen]).sqrt()
     torch.testing.assert_close(out["fomo.weights"], torch.tensor([5.0, -10.0, 0.0]) / (gaps + 1e-5))  # eq. 3, raw: P adds these
@@ -381,7 +363,7 @@ def test_pfedhn_server_step_moves_the_generated_model_towards_the_trained_one():
     generated = {k: torch.stack([m.generate(sim.server, i)[k] for i in ids]) for k in keys}
     torch.testing.assert_close(sim.clients[keys[0]][3], generated[keys[0]][1])  # clients hold their generated models
     trained = {k: v - 0.01 * torch.randn_like(v) for k, v in generated.items()}
-    server = m.aggregate(sim.server, trained, torch.ones(2), ids)
+    server = m.aggregate(sim.server, trained, sim.at(1, ids.tolist()))
     distance = lambda s: sum(((m.generate(s, ids[0])[k] - trained[k][0]) ** 2).sum() for k in keys)  # noqa: E731
     assert distance(server) < distance(sim.server)
     assert all(k.startswith(("hn.", "hn_momentum.")) for k in server)  # no model weights on the server, only φ
@@ -393,13 +375,13 @@ def test_pfedhn_steps_after_each_client_in_order_with_the_gradient_clipped_at_50
     steps, received = [], []
     aggregate, broadcast = m.aggregate, m.broadcast
 
-    def recording_aggregate(server, uploads, weights, ids):
-        steps.append(ids.tolist())
-        return aggregate(server, uploads, weights, ids)
+    def recording_aggregate(server, uploads, at):
+        steps.append(at.clients.tolist())
+        return aggregate(server, uploads, at)
 
-    def recording_broadcast(client, server, index):
-        received.append((index.tolist(), len(steps)))
-        return broadcast(client, server, index)
+    def recording_broadcast(client, server, at):
+        received.append((at.clients.tolist(), len(steps)))
+        return broadcast(client, server, at)
 
     monkeypatch.setattr(m, "aggregate", recording_aggregate)
     monkeypatch.setattr(m, "broadcast", recording_broadcast)
@@ -411,7 +393,7 @@ def test_pfedhn_steps_after_each_client_in_order_with_the_gradient_clipped_at_50
     keys = m.net.param_keys
     trained = {k: (m.generate(sim.server, torch.tensor(0))[k] - 1e3)[None] for k in keys}  # a huge update
     zero = {k: torch.zeros_like(v) for k, v in sim.server.items() if k.startswith("hn_momentum.")}
-    out = aggregate({**sim.server, **zero}, trained, torch.ones(1), torch.tensor([0]))
+    out = aggregate({**sim.server, **zero}, trained, sim.at(1, [0]))
     step = {k: (phi[k] - out[k]) / m.hp.hn_lr - 1e-3 * phi[k] for k in phi}  # the clipped gradient
     assert torch.sqrt(sum((v.double() ** 2).sum() for v in step.values())).item() == pytest.approx(50.0, rel=1e-4)
 
@@ -419,9 +401,10 @@ def test_pfedhn_steps_after_each_client_in_order_with_the_gradient_clipped_at_50
 def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_own_data():
     sim = sim_for("knn-per", 1)
     m = sim.method
-    memory = sim._memory(sim.clients, list(range(6)))
+    everyone = sim.at(1, list(range(6)))
+    memory = sim._memory(sim.clients, everyone)
     sim.settings.eval_batch = 16  # the datastore is built a batch at a time: the same rows
-    for k, v in sim._memory(sim.clients, list(range(6))).items():
+    for k, v in sim._memory(sim.clients, everyone).items():
         torch.testing.assert_close(v, memory[k])
     n = sim.data.train.counts[2]
     assert torch.equal(memory["knn.labels"][2][:n], sim.data.train.client(2)[1]) and memory["knn.mask"][2].sum() == n
@@ -442,7 +425,7 @@ def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_mo
     from tuner.models import Backbone
 
     d, classes = 128, 40
-    m = KNNPer(Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)), Training(0.1, 1, 10, classes), KNNPerHparams(k=10, lam=1.0))
+    m = KNNPer(Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)), Training(0.1, 1, 10, classes, clients=1), KNNPerHparams(k=10, lam=1.0))
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(30, d, generator=g)  # features of a 128-wide extractor: squared distances ~ 2d apart
     bias = torch.zeros(classes)

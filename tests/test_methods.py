@@ -8,28 +8,18 @@ import torch
 import torch.nn.functional as F
 
 from algorithms import METHODS
+from algorithms.base import SGD
 from algorithms.fedpac import SimplexQPs
 from tuner.config import RunConfig
-from tuner.run import build_simulation
 
-
-def sim_for(method, rounds=0, **kw):
-    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05)
-    sim = build_simulation(RunConfig(**{**base, **kw}))
-    for _ in range(rounds):
-        sim.step()
-    return sim
-
-
-def client(sim, i):
-    return {k: v[i] for k, v in sim.clients.items()}
+from simulations import client, sim_for
 
 
 # ------------------------------------------------------------------ GPFL
 
 
 def test_gpfl_personal_input_weights_frozen_embeddings_by_label_frequency():
-    sim = sim_for("gpfl", rounds=1)
+    sim = sim_for("gpfl", 1)
     m, state = sim.method, client(sim, 0)
     x, y = sim.data.train.client(0)
     freq = torch.bincount(y, minlength=10).float() / len(y)
@@ -61,7 +51,7 @@ def test_gpfl_pfllib_form_takes_its_conditions_from_the_clients_own_embeddings_b
 
 
 def test_gpfl_angle_loss_is_cross_entropy_over_cosines():
-    sim = sim_for("gpfl", rounds=1, hparams={"mlg": False, "mu": 0.0})
+    sim = sim_for("gpfl", 1, hparams={"mlg": False, "mu": 0.0})
     m, state = sim.method, client(sim, 1)
     x, y = sim.data.train.client(1)
     x = sim.data.decode(x[:20])
@@ -84,7 +74,7 @@ def test_gpfl_never_uploads_the_head():
 
 
 def test_gpfl_ablations_change_the_loss():
-    sim = sim_for("gpfl", rounds=1)
+    sim = sim_for("gpfl", 1)
     x, y = sim.data.train.client(0)
     x, y = sim.data.decode(x[:20]), y[:20]
     state = client(sim, 0)
@@ -100,7 +90,7 @@ def test_gpfl_ablations_change_the_loss():
 
 
 def test_fedcp_policy_sums_to_one_elementwise():
-    sim = sim_for("fedcp", rounds=1)
+    sim = sim_for("fedcp", 1)
     m, state = sim.method, client(sim, 2)
     x, _ = sim.data.train.client(2)
     h = m.net.features(state, sim.data.decode(x[:16]))
@@ -114,8 +104,9 @@ def test_fedcp_global_head_is_frozen_and_upload_head_is_the_mean():
     ids = [0, 1, 2]
     cohort = {k: v[ids].clone() for k, v in sim.clients.items()}
     server_before = {k: v.clone() for k, v in sim.server.items()}
-    cohort = sim._local_hook(sim.method.begin_local, False, cohort, ids)
-    sim.executor.train(sim.method.phases(), cohort, ids, sim.server, 1, 0)
+    at = sim.at(1, ids)
+    cohort = sim._local_hook(sim.method.begin_local, "begin_local", False, cohort, at)
+    sim.executor.train(sim.method.phases(), cohort, sim.server, at, 0)
     assert all(torch.equal(server_before[k], sim.server[k]) for k in sim.server)  # W^hd, W^fe untouched
     assert not torch.equal(cohort["head.weight"][0], sim.server["head.weight"])  # the personal head learned
     state = {k: v[0] for k, v in cohort.items()}
@@ -125,8 +116,8 @@ def test_fedcp_global_head_is_frozen_and_upload_head_is_the_mean():
 
 
 def test_fedcp_gumbel_option_runs_vectorized_and_resumes_exactly():
-    straight = sim_for("fedcp", rounds=2, hparams={"gumbel": True})
-    half = sim_for("fedcp", rounds=1, hparams={"gumbel": True})
+    straight = sim_for("fedcp", 2, hparams={"gumbel": True})
+    half = sim_for("fedcp", 1, hparams={"gumbel": True})
     saved = half.state_dict()
     resumed = sim_for("fedcp", hparams={"gumbel": True})
     torch.manual_seed(123)  # whatever happened in between, the saved generator state wins
@@ -189,7 +180,7 @@ def test_fedpac_global_centroids_are_count_weighted():
     sums[0, 3], sums[1, 3], sums[1, 4] = 30 * 1.0, 10 * 5.0, 5 * 2.0  # client centroids 1, 5 and 2
     uploads = {key: torch.stack([v, v]) for key, v in sim.server.items() if key.startswith("body.")}
     uploads |= {"pac.count": counts, "pac.sum": sums}
-    out = sim.method.aggregate(sim.server, uploads, torch.tensor([40.0, 15.0]), torch.tensor([0, 1]))
+    out = sim.method.aggregate(sim.server, uploads, sim.at(1, [0, 1]))
     torch.testing.assert_close(out["pac.centroids"][3], torch.full((k,), (30 * 1.0 + 10 * 5.0) / 40))  # eq. 19
     torch.testing.assert_close(out["pac.centroids"][4], torch.full((k,), 2.0))
     assert out["pac.has_centroids"] == 1
@@ -212,9 +203,9 @@ def test_fedpac_protoweights_prefer_clients_whose_prototypes_fit():
 def test_fedpac_uses_its_papers_training_schedule():
     sim = sim_for("fedpac")
     head, body = sim.method.phases()
-    assert head.trains == ("head.",) and head.epochs == 1 and head.lr == 0.1
-    assert body.trains == ("body.",) and body.epochs == 5 and body.momentum == 0.5 and body.weight_decay == 5e-4
-    assert sim.settings.batch_size == 50
+    assert head.trains == ("head.",) and head.epochs == 1 and head.optimizer.lr == 0.1
+    assert body.trains == ("body.",) and body.epochs == 5 and body.optimizer == SGD(0.05, 0.5, 5e-4)
+    assert sim.method.training.batch_size == 50
 
 
 def test_qp_server_step_is_fast_enough_to_time():
@@ -230,5 +221,5 @@ def test_qp_server_step_is_fast_enough_to_time():
 
 @pytest.mark.parametrize("method", ["gpfl", "fedcp", "fedpac", "fedpac-protoweights"])
 def test_method_learns_on_digits(method):
-    sim = sim_for(method, rounds=4, clients=5)
+    sim = sim_for(method, 4, clients=5)
     assert sim.history[-1]["best_acc"] > 0.6  # chance is 0.1

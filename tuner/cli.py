@@ -302,11 +302,13 @@ def data_show(
     set_: list[str] = typer.Option([], "--set", help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, pac_train, pac_test, data_dir."),
 ):
     """Draw a partition as the papers do (clients x classes, circle size = samples) and summarize it."""
+    import torch
+
     from tuner.data.show import draw_partition, summary_rows
-    from tuner.run import build_data, resolve_device
+    from tuner.run import build_data
 
     cfg = make_config("fedavg", None, {"dataset": dataset, "partition": partition, "clients": clients}, set_).resolved()
-    data = build_data(cfg, resolve_device("cpu"))
+    data = build_data(cfg, torch.device("cpu"))
     draw_partition(data, out, f"{dataset} {partition}, {clients} clients")
     table = Table(title=f"{dataset} {partition}: {clients} clients")
     rows = summary_rows(data)

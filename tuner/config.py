@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from types import NoneType, UnionType
+from typing import Any, get_args, get_type_hints
 
 import torch
 import yaml
 
 from algorithms import METHODS
-from algorithms.base import hparam_names
+from algorithms.base import Unsupported, hparam_names
 from tuner.data.datasets import LOADERS, NORMALIZATIONS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
@@ -27,17 +28,28 @@ from tuner.models import BACKBONES
 DTYPES = ("float32", "float64")
 
 
+def resolve_device(name: str) -> str:
+    """The run's device: auto is the GPU where there is one."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"Device {name} was asked for but this machine has no CUDA GPU; use device=cpu.")
+    try:
+        return str(torch.device(name))
+    except RuntimeError:
+        raise UserError(f"Device '{name}' is not a torch device; use auto, cpu or cuda[:N].") from None
+
+
 def auto_executor(device: str, batch_size: int) -> str:
     """The faster executor for a device and batch. On a GPU the vectorized one: a client's batch of 10
     leaves it idle. On a CPU the vectorized step's cohort-wide working set stops paying once batches
     are large; measured on the 2-core development machine (README, "The engine"): batch 10, FedAvg
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    return "vectorized" if on_gpu or batch_size < 32 else "sequential"
+    return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     method: str = "fedavg"
     dataset: str = "fmnist"
@@ -79,7 +91,11 @@ class RunConfig:
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def resolved(self) -> "RunConfig":
-        """Fill every unset setting from the papers' table (tuner/defaults.py), and check every value."""
+        """The run this configuration describes: every unset setting filled from the papers' table
+        (tuner/defaults.py), the device and executor decided, every value checked. Done once: the
+        result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
+        if getattr(self, "_resolved", False):
+            return self
         if self.method not in METHODS:
             raise UserError(f"Unknown method '{self.method}'; choose one of {', '.join(METHODS)}.")
         if self.dataset not in LOADERS:
@@ -96,8 +112,11 @@ class RunConfig:
         run = {k: table[k] if getattr(self, k) is None else getattr(self, k) for k in RUN_SETTINGS}
         paper_hp = {k: v for k, v in table.items() if k not in RUN_SETTINGS and k in hparam_names(method)}
         hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
-        executor = auto_executor(self.device, run["batch_size"]) if self.executor == "auto" else self.executor
-        return replace(self, protocol=protocol, **run, executor=executor, hparams=hp)._checked()
+        device = resolve_device(self.device)
+        executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
+        out = replace(self, protocol=protocol, **run, device=device, executor=executor, hparams=hp)._checked()
+        object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
+        return out
 
     def _checked(self) -> "RunConfig":
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
@@ -119,9 +138,10 @@ class RunConfig:
         if self.lr <= 0:
             raise UserError(f"Setting lr must be positive, not {self.lr}.")
         method = METHODS[self.method]
-        problem = method.validate(method.Hparams(**self.hparams))
-        if problem:
-            raise UserError(problem)
+        try:
+            method.Hparams(**self.hparams)
+        except Unsupported as e:
+            raise UserError(str(e)) from None
         data_dir = str(user_path(self.data_dir)) if self.data_dir else None  # trials read it from another directory
         return replace(self, data_dir=data_dir)
 
@@ -140,16 +160,20 @@ class RunConfig:
         return yaml.safe_dump(asdict(self), sort_keys=False)
 
 
-RUN_FIELDS = {f.name: f for f in fields(RunConfig) if f.name != "hparams"}
+RUN_FIELDS = {name: hint for name, hint in get_type_hints(RunConfig).items() if name != "hparams"}
 
 
-def _coerce(name: str, value: Any, type_name: str) -> Any:
-    """Turn a YAML or command-line value into the setting's type."""
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Turn a YAML or command-line value into the setting's type (from the dataclass's type hints)."""
+    types = get_args(hint) if isinstance(hint, UnionType) else (hint,)
     if value is None:
-        if "None" in type_name:
+        if NoneType in types:
             return None
         raise UserError(f"Setting {name} needs a value.")
-    kind = "bool" if "bool" in type_name else "int" if "int" in type_name else "float" if "float" in type_name else "str"
+    kind = next(t for t in types if t is not NoneType)
+    if kind is Any:
+        return value
+    kind = kind.__name__
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -176,13 +200,13 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
         raise UserError(f"Unknown method '{cfg.method}'; choose one of {', '.join(METHODS)}.")
     hp_cls = METHODS[cfg.method].Hparams
     hp_fields = {f.name: f for f in fields(hp_cls)}
+    hp_hints = get_type_hints(hp_cls)
     updates, hp = {}, dict(cfg.hparams)
     for name, value in settings.items():
         if name in RUN_FIELDS:
-            f = RUN_FIELDS[name]
-            updates[name] = _coerce(name, value, str(f.type))
+            updates[name] = _coerce(name, value, RUN_FIELDS[name])
         elif name in hp_fields:
-            hp[name] = _coerce(name, value, str(hp_fields[name].type))
+            hp[name] = _coerce(name, value, hp_hints[name])
         else:
             allowed = ", ".join(list(RUN_FIELDS) + hparam_names(METHODS[cfg.method]))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from algorithms import METHODS
-from algorithms.base import Net, Training
+from algorithms.base import Net, Training, Unsupported
 from tuner.config import RunConfig
 from tuner.data.datasets import Dataset, load_dataset
 from tuner.data.federated import FederatedData, build
@@ -26,17 +26,6 @@ from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.engine import EngineSettings, Simulation
 from tuner.errors import UserError
 from tuner.models import build_backbone
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"Device {name} was asked for but this machine has no CUDA GPU; use device=cpu.")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"Device '{name}' is not a torch device; use auto, cpu or cuda[:N].") from None
 
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
@@ -80,8 +69,8 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
 
 
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
-    cfg = cfg.resolved()
-    device = resolve_device(cfg.device)
+    cfg = cfg.resolved()  # a no-op for a resolved configuration
+    device = torch.device(cfg.device)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic matmuls
     torch.use_deterministic_algorithms(cfg.deterministic)  # per run: a process may build several
@@ -91,19 +80,18 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     if dtype != torch.float32:
         data = replace(data, decode=_decoding_to(dtype, data.decode))
     method_cls = METHODS[cfg.method]
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, cfg.momentum, cfg.weight_decay, cfg.rounds,
-                        sum(cfg.join_range()) / 2)  # fmt: skip
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
+                        cfg.rounds, sum(cfg.join_range()) / 2)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device, dtype)
-        method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
-    problem = method.check(data.num_clients)
-    if problem:
-        raise UserError(problem)
+        try:
+            method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
+        except Unsupported as e:
+            raise UserError(str(e)) from None
     settings = EngineSettings(
-        seed=cfg.seed, batch_size=cfg.batch_size, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap,
-        executor=cfg.executor, cohort_chunk=cfg.cohort_chunk, eval_batch=cfg.eval_batch,
-        augment=cfg.augment, rounds=cfg.rounds, full_last_round=cfg.full_last_round,
+        seed=cfg.seed, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap, executor=cfg.executor, cohort_chunk=cfg.cohort_chunk,
+        eval_batch=cfg.eval_batch, augment=cfg.augment, full_last_round=cfg.full_last_round,
     )  # fmt: skip
     return Simulation(method, data, settings)
 

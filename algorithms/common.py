@@ -1,0 +1,61 @@
+"""Idioms several methods share, written once: averages, sub-states, label counts, a plain
+cross-entropy, per-client slots on the server, and the MMD of FedCP and FedPHP."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+State = dict[str, torch.Tensor]
+
+
+def weighted_mean(stacked: State, weights: torch.Tensor) -> State:
+    """The mean of tensors stacked along dim 0, weighted (by the clients' sample counts)."""
+    w = weights / weights.sum()
+    return {k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in stacked.items()}
+
+
+def substate(state: State, prefix: str) -> State:
+    """The tensors under `prefix`, with the prefix removed: what functional_call wants for a submodule."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def prefixed(module: nn.Module, prefix: str) -> State:
+    """A module's initial parameters and buffers under `prefix`."""
+    return {prefix + k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+
+
+def per_client(tensor: torch.Tensor, clients: int) -> torch.Tensor:
+    """A server-side slot per client, each starting as `tensor` (read in broadcast at `at.clients`,
+    written in aggregate with index_put)."""
+    return tensor.unsqueeze(0).repeat(clients, *[1] * tensor.dim()).clone()
+
+
+def label_counts(y: torch.Tensor, w: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Weighted count of each label in a batch (w: 0 for padding)."""
+    return ((y[:, None] == torch.arange(num_classes, device=y.device)).to(w.dtype) * w[:, None]).sum(0)
+
+
+def cross_entropy(net, prefix: str = "") -> Callable[..., torch.Tensor]:
+    """A phase loss: plain cross-entropy of the backbone under `prefix` (a second model: "global.")."""
+
+    def loss(state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net.logits(state, x, prefix), y)
+
+    return loss
+
+
+MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # RBF bandwidths of FedCP's and FedPHP's reference code
+
+
+def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Maximum mean discrepancy of two equal-sized batches of features under a sum of RBF kernels."""
+
+    def kernel(u, v):
+        d = ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1)
+        return sum(torch.exp(-0.5 * d / h) for h in MMD_BANDWIDTHS)
+
+    return kernel(a, a).mean() + kernel(b, b).mean() - 2 * kernel(a, b).mean()

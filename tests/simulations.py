@@ -1,0 +1,56 @@
+"""Small simulations the tests share: on the 8x8 digits (bundled with scikit-learn), six clients.
+
+`sim_for` builds one (and runs some rounds); `exact_config` is the float64 setting of the exactness
+tests, whose sequential reference runs `reference_run` makes once per session (vectorized equals
+sequential; no method silently equals another)."""
+
+from functools import lru_cache
+
+from tuner.config import RunConfig
+from tuner.run import build_simulation
+
+
+def digits(method: str, **kw) -> RunConfig:
+    """Six clients on digits; kw: any run setting."""
+    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05)
+    return RunConfig(**{**base, **kw})
+
+
+def sim_for(method: str, steps: int = 0, **kw):
+    """A simulation of `method` after `steps` rounds (of a run at least 5 rounds long)."""
+    sim = build_simulation(digits(method, **{"rounds": max(steps, 5), **kw}))
+    for _ in range(steps):
+        sim.step()
+    return sim
+
+
+def run_rounds(cfg: RunConfig, rounds: int):
+    sim = build_simulation(cfg)
+    return sim, [sim.step() for _ in range(rounds)]
+
+
+def client(sim, i: int) -> dict:
+    """Client i's state, out of the stack."""
+    return {k: v[i] for k, v in sim.clients.items()}
+
+
+def batch(sim, i: int, n: int = 10, split: str = "train"):
+    """n decoded samples of client i."""
+    x, y = getattr(sim.data, split).client(i)
+    return sim.data.decode(x[:n]), y[:n]
+
+
+def exact_config(method: str, **kw) -> RunConfig:
+    """Float64 (rounding near 1e-14 can never pass for a real difference, 1e-2 and more); uneven clients
+    (dir:0.3), partial participation drawn each round, a validation split; two rounds, so that what is
+    uploaded in the first comes back."""
+    exact = dict(partition="dir:0.3", join_ratio="0.5-1", val_frac=0.2, batch_size=40, rounds=2, dtype="float64")
+    return digits(method, **{**exact, **kw})
+
+
+@lru_cache(maxsize=None)
+def reference_run(method: str):
+    sim = build_simulation(exact_config(method, executor="sequential"))
+    for _ in range(2):
+        sim.step()
+    return sim
