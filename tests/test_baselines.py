@@ -12,6 +12,7 @@ from tuner.config import RunConfig
 from simulations import batch, client, reference_run, sim_for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [m.name for m in BASELINES])
 def test_resume_from_a_state_dict_is_exact(method):
     cfg = dict(join_ratio="0.5-1", val_frac=0.2, dtype="float64")  # bitwise equal, in the precision the equality tests use
@@ -32,6 +33,7 @@ PERSONALISED["per-fedavg"] = 0.05  # one SGD step of personalisation from the gl
 PERSONALISED["fedem-ft-m3"] = 0.05  # its E-step once a round (Algorithm 1) learns the mixture slowly at first (measured +8.4)
 
 
+@pytest.mark.slow
 def test_personalised_baselines_beat_fedavgs_global_model_on_pathological_digits():
     cfg = dict(clients=10, partition="pat:2")
     fedavg = sim_for("fedavg", 5, **cfg).history[-1]["best_acc"]
@@ -57,6 +59,7 @@ def linear(input_shape, num_classes):
     return Backbone(nn.Flatten(), nn.Linear(size, num_classes), size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
 def test_scaffold_control_variates_settle_on_a_convex_problem_under_the_runs_optimizer(monkeypatch, momentum):
     # Option II divides the drift by K η; under momentum m the steps travel about 1 / (1 − m) further, so
@@ -86,7 +89,7 @@ def test_scaffold_local_step_adds_the_control_difference_to_the_gradient():
 
 
 def test_fedbabu_head_never_trains_but_is_fine_tuned_for_evaluation():
-    sim = sim_for("fedbabu")
+    sim = sim_for("fedbabu", eval_gap=99)  # no evaluation: its fine-tuning is what costs
     head = {k: sim.clients[k].clone() for k in sim.method.net.keys(("head.",))}
     sim.step()
     sim.step()
@@ -102,15 +105,15 @@ def distance_to_global(sim):
 
 
 def test_ditto_pulls_the_personal_model_to_the_global_one_by_lambda():
-    loose = sim_for("ditto", 2, hparams={"lam": 0.0})
-    tight = sim_for("ditto", 2, hparams={"lam": 10.0})
+    loose = sim_for("ditto", 2, hparams={"lam": 0.0}, eval_gap=99)
+    tight = sim_for("ditto", 2, hparams={"lam": 10.0}, eval_gap=99)
     assert distance_to_global(tight) < 0.5 * distance_to_global(loose)
     assert sim_for("ditto").method.passes.upload and set(tight.server) == {"global." + k for k in tight.method.net.param_keys}
 
 
 def test_apfl_keeps_or_learns_alpha_within_0_1_and_predicts_with_the_mixture():
-    assert torch.equal(sim_for("apfl", 1).clients["apfl.alpha"], torch.full((6,), 0.25))
-    sim = sim_for("apfl", 2, hparams={"adapt_alpha": True})
+    assert torch.equal(sim_for("apfl", 1, eval_gap=99).clients["apfl.alpha"], torch.full((6,), 0.25))
+    sim = sim_for("apfl", 2, hparams={"adapt_alpha": True}, eval_gap=99)
     alpha = sim.clients["apfl.alpha"]
     assert ((alpha >= 0) & (alpha <= 1)).all() and not torch.allclose(alpha, torch.full_like(alpha, 0.25))
     m, state = sim.method, client(sim, 0)
@@ -457,6 +460,7 @@ def same_method(a, b):
     return RunConfig(method=a).resolved().hparams == RunConfig(method=b).resolved().hparams
 
 
+@pytest.mark.slow
 def test_no_method_silently_equals_another():
     # FedFomo once weighed its candidates on its own trained model and data: every weight was 0 and
     # it ran as Local-only under its own name, with every mechanism test passing.

@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -215,3 +216,50 @@ def test_deterministic_algorithms_follow_each_runs_setting():
     assert torch.are_deterministic_algorithms_enabled()
     build_simulation(digits("fedavg"))
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+# --- the method contract
+def test_a_method_whose_passes_do_not_match_its_hooks_is_refused_when_its_class_is_defined():
+    from algorithms.base import Method, Passes
+
+    with pytest.raises(TypeError, match="defines begin_local but does not declare"):
+        type("Forgetful", (Method,), {"begin_local": lambda self, client, server, stats, at: client})
+    with pytest.raises(TypeError, match="shares nothing and uploads nothing"):
+        type("Silent", (Method,), {"shared": ()})
+    with pytest.raises(TypeError, match="statistics"):
+        type("Counting", (Method,), {"passes": Passes(statistics_before=True, begin_local=True), "begin_local": lambda *a: a[1]})
+    type("Declared", (Method,), {"passes": Passes(begin_local=True), "begin_local": lambda self, client, server, stats, at: client})
+
+
+def test_hooks_receive_the_round_with_each_clients_samples_and_steps(monkeypatch):
+    sim = build_simulation(digits("scaffold", rounds=3, batch_size=20, local_epochs=2))
+    seen = {}
+    aggregate = sim.method.aggregate
+    monkeypatch.setattr(sim.method, "aggregate", lambda server, uploads, at: seen.setdefault(at.number, at) and aggregate(server, uploads, at))
+    sim.step()
+    sim.step()
+    at = seen[2]
+    counts = [sim.data.train.counts[i] for i in at.clients.tolist()]
+    assert at.total == 3 and at.samples.tolist() == counts
+    assert at.steps.tolist() == [2 * (n // 20) for n in counts]  # every epoch's full batches
+    assert at.client(1).clients == at.clients[1] and at.client(1).steps.dim() == 0
+
+
+def test_the_sequential_executor_names_the_hook_round_and_client_of_a_failure(monkeypatch):
+    from tuner.engine import MethodFailed
+
+    sim = build_simulation(digits("fedavg", executor="sequential", join_ratio="1"))
+
+    def failing(state, server, x, y):
+        raise ValueError("a bug in the method")
+
+    monkeypatch.setattr(sim.method, "loss", failing)
+    with pytest.raises(MethodFailed, match=r"FedAvg\.loss failed in round 1 for client [0-5]: a bug in the method"):
+        sim.step()
+
+
+def test_a_configuration_is_resolved_once_with_its_device_decided():
+    cfg = RunConfig(method="fedavg", dataset="digits").resolved()
+    assert cfg.resolved() is cfg and cfg.device == "cpu" and cfg.executor == "vectorized" and cfg.lr == 0.005
+    again = replace(cfg, lr=0.1)  # a changed configuration is a new one, resolved anew
+    assert again.resolved() is not again and again.resolved().lr == 0.1

@@ -219,6 +219,7 @@ def test_qp_server_step_is_fast_enough_to_time():
 # ------------------------------------------------------------------ every method learns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gpfl", "fedcp", "fedpac", "fedpac-protoweights"])
 def test_method_learns_on_digits(method):
     sim = sim_for(method, 4, clients=5)
