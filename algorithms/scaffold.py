@@ -8,7 +8,7 @@ After the K local steps (option II, line 12): c_i⁺ = c_i − c + (x − y_i) /
 K̃ = K under plain SGD, as the paper and its references run it. Under momentum m (FedPAC's
 protocol runs every baseline with m = 0.5) K steps move y by η Σ_k (1 − m^k) / (1 − m) times
 the mean direction, so K̃ is that sum; with K̃ = K the control variates overshoot by about
-1 / (1 − m) and flip sign from round to round (measured: README, SCAFFOLD).
+1 / (1 − m) and flip sign from round to round (measured: docs/reproduction.md, SCAFFOLD).
 Upload: y_i and Δc_i = c_i⁺ − c_i. Server (lines 16-17, global step size 1): x = sample-weighted
 mean of the y_i; c ← c + (|S| / N) · mean(Δc_i), so that c stays the mean of all clients' c_i.
 Prediction: the global model.

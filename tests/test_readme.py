@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEFT_BEHIND = (".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "sweeps", "report", "reproduce", "runs")
@@ -28,6 +29,8 @@ def test_setup_script_runs_the_readme_main_job():
     assert "bash scripts/setup.sh" in (ROOT / ".ci" / "run").read_text()
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_BEHIND))

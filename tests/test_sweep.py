@@ -56,6 +56,8 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray_local):
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
@@ -83,6 +85,8 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert again.exit_code == 2 and "already holds a sweep; pass --resume" in again.output
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_diverging_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, ray_local):
     space = tmp_path / "div.yaml"
     space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 1.0e+12]}"))
@@ -122,6 +126,8 @@ def _sweep_cmd(space, storage, *extra):
     return [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(storage), *extra]
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     space = tmp_path / "kill.yaml"
     # Rounds of 40 local epochs (~2 s) and Tune's experiment snapshot every 0.5 s: trial folders reach the
@@ -161,6 +167,8 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
         assert rounds.count(1) == 1
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_path):
     space = tmp_path / "term.yaml"
     space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 8, checkpoint_every: 2").replace("samples: 3", "samples: 2"))
@@ -198,6 +206,8 @@ PLACEMENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
     space = tmp_path / "gpu.yaml"
     space.write_text(TINY.replace("samples: 3", "samples: 6"))
@@ -235,6 +245,8 @@ def test_reproduce_lists_the_cells_the_local_data_allows():
         cells("gpfl-table9")
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray_local):
     res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--method", "fedpac-none", "--rounds", "1", "--seeds", "2",
                                    "--storage", str(tmp_path), "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
@@ -249,6 +261,8 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
     assert row["seeds"] == 2 and row["paper_mean"] == 91.83
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
@@ -256,6 +270,8 @@ def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_sweep_report_and_reproduce_take_relative_and_home_paths(tmp_path, monkeypatch, ray_local):
     home, work = tmp_path / "home", tmp_path / "work"
     for d in (home, work):

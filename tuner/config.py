@@ -43,7 +43,7 @@ def resolve_device(name: str) -> str:
 def auto_executor(device: str, batch_size: int) -> str:
     """The faster executor for a device and batch. On a GPU the vectorized one: a client's batch of 10
     leaves it idle. On a CPU the vectorized step's cohort-wide working set stops paying once batches
-    are large; measured on the 2-core development machine (README, "The engine"): batch 10, FedAvg
+    are large; measured on the 2-core development machine (docs/performance.md, "Speed"): batch 10, FedAvg
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
