@@ -76,7 +76,7 @@ def test_bad_yaml_names_the_file_and_line(tmp_path):
 
 
 def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
-    from tuner.engine import VectorizedExecutor
+    from tuner.executors import VectorizedExecutor
 
     train, calls = VectorizedExecutor.train, []
 

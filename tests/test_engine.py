@@ -11,7 +11,7 @@ from torch import nn
 from algorithms import METHODS
 from tuner.config import RunConfig
 from tuner.data.datasets import DEBIAN_FMNIST
-from tuner.engine import batch_schedule, sample_cohort
+from tuner.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
 from tuner.models import BACKBONES, Backbone
 from tuner.run import build_simulation
@@ -246,7 +246,7 @@ def test_hooks_receive_the_round_with_each_clients_samples_and_steps(monkeypatch
 
 
 def test_the_sequential_executor_names_the_hook_round_and_client_of_a_failure(monkeypatch):
-    from tuner.engine import MethodFailed
+    from tuner.executors import MethodFailed
 
     sim = build_simulation(digits("fedavg", executor="sequential", join_ratio="1"))
 

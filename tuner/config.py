@@ -20,7 +20,7 @@ from tuner.data.datasets import LOADERS, NORMALIZATIONS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
-from tuner.engine import EXECUTORS
+from tuner.executors import EXECUTORS
 from tuner.errors import UserError
 from tuner.models import BACKBONES
 

@@ -23,7 +23,8 @@ from tuner.config import RunConfig
 from tuner.data.datasets import Dataset, load_dataset
 from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
-from tuner.engine import EngineSettings, Simulation
+from tuner.engine import Simulation
+from tuner.executors import EngineSettings
 from tuner.errors import UserError
 from tuner.models import build_backbone
 

@@ -1,0 +1,35 @@
+"""Every random draw of a run as a function of (seed, round, stream, client): the cohort, each
+client's batch order, its augmentation seed. Nothing depends on call order, so both executors
+draw alike and a run restored from a checkpoint draws exactly what it would have."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _mix(*ints: int) -> int:
+    return int(np.random.SeedSequence([int(i) for i in ints]).generate_state(1)[0])
+
+
+def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float], everyone: bool = False) -> list[int]:
+    if everyone:
+        return list(range(num_clients))
+    rng = np.random.default_rng(_mix(seed, rnd, 0xC0))
+    lo, hi = join_ratio
+    ratio = lo if lo == hi else rng.uniform(lo, hi)
+    k = min(num_clients, max(1, int(round(ratio * num_clients))))
+    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int) -> torch.Tensor:
+    """(steps, batch) local row indices: a fresh permutation each epoch, last partial batch dropped (as PFLlib)."""
+    g = torch.Generator().manual_seed(_mix(seed, rnd, stream, client))
+    usable = n // batch * batch
+    rows = [torch.randperm(n, generator=g)[:usable].view(-1, batch) for _ in range(epochs)]
+    return torch.cat(rows) if rows else torch.empty(0, batch, dtype=torch.long)
+
+
+def augment_seed(seed: int, rnd: int, stream: int, client: int) -> int:
+    """The seed of a client's augmentation draws (crops and flips) in one phase of one round."""
+    return _mix(seed, rnd, stream, client, 0xA6)
