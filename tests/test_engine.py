@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from algorithms import METHODS
-from tuner.config import RunConfig
+from tuner.config import RunConfig, auto_executor
 from tuner.data.datasets import DEBIAN_FMNIST
 from tuner.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
@@ -207,7 +207,7 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
     resolved = lambda **kw: RunConfig(method="fedavg", dataset="digits", **kw).resolved().executor  # noqa: E731
     assert resolved(device="cpu") == "vectorized"  # GPFL's batch of 10
     assert resolved(device="cpu", protocol="fedpac") == "sequential"  # FedPAC's batch of 50
-    assert resolved(device="cuda", protocol="fedpac") == "vectorized"
+    assert auto_executor("cuda", 50) == auto_executor("cuda:1", 10) == "vectorized"  # (resolving device=cuda needs a GPU)
     assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"  # a choice overrides the rule
 
 
