@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["environment", "correctness", "speed", "sharing", "real run"]
@@ -22,6 +23,7 @@ def without_ray_and_optuna(tmp_path: Path) -> dict:
     return {**os.environ, "PYTHONPATH": f"{blocked}:{ROOT}", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_result(tmp_path):
     out = tmp_path / "campaign"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)],

@@ -83,6 +83,7 @@ def every_cell(monkeypatch):
     monkeypatch.setattr(reproduce, "_available", lambda dataset, data_dir: True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", list(reproduce.TABLES))
 def test_every_cell_of_the_table_builds(table, data_root, every_cell):
     built = {}
@@ -94,6 +95,7 @@ def test_every_cell_of_the_table_builds(table, data_root, every_cell):
         assert build_simulation(cfg, built[key]).data.num_clients == cell["clients"]
 
 
+@pytest.mark.slow
 def test_a_covering_set_of_cells_trains_a_round(data_root, every_cell):
     todo = all_cells()
     trained = covering(todo)

@@ -118,6 +118,7 @@ def test_methods_lists_every_variant_with_its_hyperparameters():
     assert "combine=qp" in res.output and "lam=0.01" in res.output
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path):
     import os
     import signal

@@ -62,6 +62,7 @@ def assert_same_clients(a, b):
         torch.testing.assert_close(b.clients[k], a.clients[k], **EXACT)
 
 
+@pytest.mark.slow
 def test_batchnorm_statistics_stay_per_client_under_both_executors():
     # Three steps per client: over more, a ResNet on 8x8 inputs (1x1 maps, BatchNorm over 10 values)
     # amplifies float rounding chaotically, though single gradients agree to 1e-6.
@@ -105,6 +106,7 @@ def test_pfedhn_refuses_a_backbone_whose_hypernetwork_would_not_fit_in_one_sente
         build_simulation(digits("pfedhn", backbone="resnet18", partition="iid"))
 
 
+@pytest.mark.slow
 def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
     # Equal after one round (over more steps ResNet-18 on 8x8 inputs amplifies rounding chaotically, as for
     # FedPer); round 2 is where uploaded statistics would come back from the server and break vmap.
@@ -120,6 +122,7 @@ def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
         assert len(trained) >= 4 and len({tuple(means[i].tolist()) for i in trained}) == len(trained)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEBIAN_FMNIST.exists(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_vectorized_equals_sequential_with_cnn4_on_fmnist():
     cfg = dict(dataset="fmnist", partition="pac:20", clients=5, pac_train=60, pac_test=30, backbone="cnn4", lr=0.01, val_frac=0.0, dtype="float64")
@@ -143,6 +146,7 @@ def tuner(*args):
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_exact_resume_in_a_new_process(tmp_path):
     common = ["fedrep", "--dataset", "digits", "--partition", "pat:2", "--clients", "5", "--set", "join_ratio=0.6-1", "--set", "checkpoint_every=1"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"

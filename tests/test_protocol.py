@@ -120,6 +120,7 @@ def test_dataset_normalization_standardizes_each_channel():
     assert np.isclose(x.numpy().std(), 1.0, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_every_cell_of_every_table_resolves_under_its_protocol_and_fmnist_cells_build(monkeypatch):
     from tuner import reproduce
     from tuner.data.datasets import DEBIAN_FMNIST
