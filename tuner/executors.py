@@ -59,7 +59,8 @@ class Executor:
         self.settings = settings
 
     def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
-        """fn applied to each client's slice of the arguments whose in_dim is 0 (clients `at.clients`), stacked."""
+        """fn applied to each row of the arguments whose in_dim is 0, stacked; row i is client `at.clients[i]`
+        (the active clients, a prefix of them, may be fewer)."""
         raise NotImplementedError
 
     def map(self, fn: Callable, states: State, server: State, *args, hook: str, at: Round):
@@ -140,11 +141,11 @@ class Executor:
                 rest = {k: v[order_t].clone() for k, v in cohort.items() if k not in params}
                 opt_state = phase.optimizer.init(params)
                 chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
+                step = self.mapped(grad_fn, (0, 0, None, 0, 0), "loss", replace(at, clients=clients))  # row i: clients[i]
                 for t, a in enumerate(active):
                     idx = index[:a, t]
                     x = self._inputs(idx, None if aug is None else aug[:a, t])
                     p_a = {k: v[:a] for k, v in params.items()}
-                    step = self.mapped(grad_fn, (0, 0, None, 0, 0), "loss", replace(at, clients=clients[:a]))
                     g, loss = step(p_a, {k: v[:a] for k, v in rest.items()}, server, x, train.y[idx])
                     phase.optimizer.step(p_a, g, {k: v[:a] for k, v in opt_state.items()})
                     chunk_loss[:a] += loss.detach()  # no host sync per step
@@ -172,11 +173,11 @@ class Executor:
             state = {k: v[rows_t] for k, v in states.items()}
             counts = [split.counts[ids[j]] for j in rows]
             width = min(self.settings.eval_batch, max(counts[0], 1))  # no wider than the largest client: padding costs
+            summed = self.mapped(fn, (0, None, 0, 0, 0), hook, replace(at, clients=clients))  # row i: clients[i]
             total: State = {}
             for start in range(0, max(counts[0], 1), width):
                 a = max(1, sum(1 for c in counts if c > start))
                 index, mask = split.padded_index(clients[:a], start, width)
-                summed = self.mapped(fn, (0, None, 0, 0, 0), hook, replace(at, clients=clients[:a]))
                 part_out = summed({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index],
                                   mask.to(float_type(states)))  # fmt: skip
                 if not total:
@@ -196,11 +197,13 @@ class SequentialExecutor(Executor):
     def mapped(self, fn, in_dims, hook, at):
         def one_by_one(*args):
             rows = []
-            for i, client in enumerate(at.clients.tolist()):
+            n = tree_flatten(next(a for a, d in zip(args, in_dims) if d is not None))[0][0].shape[0]
+            for i in range(n):
                 mine = [a if d is None else tree_map(lambda t: t[i], a) for a, d in zip(args, in_dims)]  # views: in-place updates land
                 try:
                     rows.append(fn(*mine))
-                except Exception as e:
+                except Exception as e:  # the client's id is read only here: no host sync per step
+                    client = int(at.clients[i])
                     raise MethodFailed(f"{type(self.method).__name__}.{hook} failed in round {at.number} for client {client}: {e}") from e
             return _stack(rows)
 
