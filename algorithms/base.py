@@ -199,13 +199,12 @@ class Method:
     """Base class with FedAvg's behaviour: one shared model, trained with cross-entropy."""
 
     name: ClassVar[str]
-    title: ClassVar[str]  # how the papers' tables name it
+    title: ClassVar[str]  # its printed name, as the papers' tables write it
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     passes: ClassVar[Passes] = Passes()
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
-    protocol: ClassVar[str] = "pfllib"  # the training protocol of its paper (batch, epochs, optimizer: tuner/defaults.py)
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 

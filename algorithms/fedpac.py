@@ -92,7 +92,6 @@ class FedPAC(Method):
     shared = ("body.",)
     # statistics μ_i, V_i with the received extractor before training, centroids ĉ_i with the trained one after
     passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, end_local=True)
-    protocol = "fedpac"  # Appendix B.3: batch 50, E = 5, momentum 0.5, weight decay 5e-4
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

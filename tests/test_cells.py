@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from algorithms import METHODS
-from tuner import reproduce
+from tuner import papers, reproduce
 from tuner.config import trial_config
 from tuner.run import build_data, build_simulation
 from written_data import write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
@@ -61,7 +61,7 @@ def family(cell: dict) -> tuple:
 
 def all_cells() -> list[dict]:
     out = []
-    for table in reproduce.TABLES:
+    for table in papers.TABLES:
         out += [c for c in reproduce.cells(table)[0] if c not in out]
     return out
 
@@ -84,7 +84,7 @@ def every_cell(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("table", list(reproduce.TABLES))
+@pytest.mark.parametrize("table", list(papers.TABLES))
 def test_every_cell_of_the_table_builds(table, data_root, every_cell):
     built = {}
     for cell in reproduce.cells(table)[0]:  # FedPAC's 100-client cells and FedCP's 500 included

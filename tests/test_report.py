@@ -147,3 +147,22 @@ def test_a_run_in_a_papers_setting_whose_method_the_table_lacks_is_reported_with
     assert (tmp_path / "r" / "curves-fmnist-pac20-20.png").exists()
     runs = pd.read_parquet(tmp_path / "r" / "runs.parquet")
     assert list(runs["method"]) == ["per-fedavg"]
+
+
+def test_baselines_no_paper_ran_sit_beside_a_main_table_and_the_replication_names_its_fedpac(tmp_path):
+    root = tmp_path / "results"
+    write_run(root / "gpfl", "gpfl", [0.7, 0.8, 0.9])
+    write_run(root / "lg-fedavg", "lg-fedavg", [0.6, 0.7, 0.8])  # not in GPFL's Table 1: an extra row there
+    write_run(root / "gpfl-nopci", "gpfl-nopci", [0.5, 0.6, 0.7])  # an ablation: its own table only
+    write_run(root / "fedpac", "fedpac", [0.8, 0.85, 0.9], partition="pac:20", backbone="pac_cnn")
+    out = tmp_path / "report"
+    assert CliRunner().invoke(app, ["report", str(root), "--out", str(out)]).exit_code == 0
+    tables = pd.read_parquet(out / "tables.parquet")
+    gpfl1 = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    assert gpfl1.loc["LG-FedAvg", "ours_mean"] == pytest.approx(80.0) and pd.isna(gpfl1.loc["LG-FedAvg", "paper_mean"])
+    assert "GPFL-noPCI" not in gpfl1.index
+    replication = tables[tables["paper"] == "FedPAC-replication"]
+    ours = replication[replication["seeds"] > 0]
+    assert set(ours["method"]) == {"FedPAC-replicated"} and ours["ours_mean"].iloc[0] == pytest.approx(90.0)  # final round
+    fedpac1 = tables[(tables["paper"] == "FedPAC") & (tables["table"] == "Table1") & (tables["seeds"] > 0)]
+    assert set(fedpac1["method"]) == {"FedPAC"}

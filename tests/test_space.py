@@ -121,3 +121,16 @@ def test_every_method_has_a_shipped_space():
 
     shipped = {yaml.safe_load(p.read_text())["method"] for p in SPACES.glob("*.yaml")}
     assert {name for name, cls in METHODS.items() if not cls.family} <= shipped
+
+
+def test_a_space_names_a_shared_setting_and_overrides_it(tmp_path):
+    from tuner.papers import SETTINGS
+
+    p = write(tmp_path, "setting: fedpac-fmnist-pac20\nsettings: {rounds: 30}\nsearch:\n  lr: {grid: [0.1, 1]}\n")
+    cfg = load_space(p, "fedavg").base_config()
+    shared = SETTINGS["fedpac-fmnist-pac20"]
+    assert (cfg.dataset, cfg.partition, cfg.protocol, cfg.checkpoint_every) == (shared["dataset"], shared["partition"], "fedpac", 20)
+    assert cfg.rounds == 30 and cfg.batch_size == 50  # the file's own settings win; the protocol fills the rest
+    p = write(tmp_path, "setting: fmnist\nsearch:\n  lr: {grid: [0.1, 1]}\n")
+    with pytest.raises(UserError, match="unknown setting 'fmnist'; name one of pfllib-fmnist-dir0.1, fedpac-fmnist-pac20"):
+        load_space(p, "fedavg")

@@ -212,11 +212,11 @@ def reproduce(
                                           patience=patience, settings=parse_set(set_), vary_partition=vary_partition, resume=resume)  # fmt: skip
     for reason in skipped:
         err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
-    from tuner.reproduce import TABLES
+    from tuner.papers import TABLES
 
     result = build_report([sweep_dir], sweep_dir / "report")
     tables = result["tables"]
-    paper_name, table_name = TABLES[table]
+    paper_name, table_name = TABLES[table].paper, TABLES[table].name
     _print_tables(tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables)
     console.print(f"tables and plots in {sweep_dir / 'report'}")
 

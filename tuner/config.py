@@ -23,6 +23,7 @@ from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.executors import EXECUTORS
 from tuner.errors import UserError
 from tuner.models import BACKBONES
+from tuner.papers import home_protocol
 
 
 DTYPES = ("float32", "float64")
@@ -58,7 +59,7 @@ class RunConfig:
     rounds: int = 100
     seed: int = 0  # initialisation, batch order, client sampling
     partition_seed: int = 0  # the data split (fixed across seeds, as the papers keep one split per setting)
-    protocol: str | None = None  # pfllib | fedpac; None: the method's own paper's (tuner/defaults.py)
+    protocol: str | None = None  # pfllib | fedpac; None: the method's own paper's (tuner/papers.py)
     # None below: the papers' value for this protocol, method, dataset and backbone (tuner/defaults.py)
     backbone: str | None = None
     lr: float | None = None
@@ -101,7 +102,7 @@ class RunConfig:
         if self.dataset not in LOADERS:
             raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}.")
         method = METHODS[self.method]
-        protocol = self.protocol or method.protocol
+        protocol = self.protocol or home_protocol(method.family or method.name)
         if protocol not in PROTOCOLS:
             raise UserError(f"Unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}.")
         if self.backbone is not None and self.backbone not in BACKBONES:

@@ -19,22 +19,14 @@ import pandas as pd
 import yaml
 
 from algorithms import METHODS
+from tuner import papers
 from tuner.config import RunConfig, trial_config
 from tuner.run import RunDir, selection
-from tuner.data.partition import parse_partition
 from tuner.errors import UserError
 
-PAPER_TABLES = Path(__file__).resolve().parents[1] / "results" / "paper_tables.csv"
-PAPER_METRICS = PAPER_TABLES.with_name("paper_metrics.csv")  # each table's metric (best or final round) and where the paper says so
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
-DATASET_LABELS = {
-    "fmnist": "FMNIST", "mnist": "MNIST", "emnist": "EMNIST", "cifar10": "Cifar10", "cifar100": "Cifar100",
-    "tinyimagenet": "TinyImageNet", "cinic10": "CINIC10", "agnews": "AGNews", "har": "HAR", "digits": "Digits",
-}  # fmt: skip
-PATHOLOGICAL_CLASSES = {"MNIST": 2, "FMNIST": 2, "Cifar10": 2, "Cifar100": 10, "TinyImageNet": 20}  # GPFL/FedCP §4
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
 NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
-METHOD_BY_TITLE = {cls.title: name for name, cls in METHODS.items()}
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
 
 
@@ -114,33 +106,7 @@ def _failure(rows: pd.DataFrame) -> str:
 
 # --- the papers' tables
 def paper_cell(cfg: RunConfig) -> dict | None:
-    """The paper-table coordinates of a run's setting, or None for a setting no paper reports."""
-    dataset = DATASET_LABELS.get(cfg.dataset)
-    kind, value = parse_partition(cfg.partition)
-    if kind == "pat":
-        if PATHOLOGICAL_CLASSES.get(dataset) != value:
-            return None
-        setting, beta = "pathological", math.nan
-    elif kind == "dir":
-        setting, beta = "practical", float(value)
-    elif kind == "pac":
-        setting, beta = f"dominant_s{value:g}", math.nan
-    else:
-        return None
-    return {"dataset": dataset, "setting": setting, "beta": beta, "backbone": cfg.backbone, "num_clients": cfg.clients, "join_ratio": _ratio(cfg.join_ratio)}
-
-
-def _ratio(text) -> str:
-    return "-".join(f"{float(x):g}" for x in str(text).split("-"))
-
-
-def load_paper_tables(path: Path = PAPER_TABLES) -> pd.DataFrame:
-    """The published numbers, each row with its table's metric (best or final round)."""
-    paper = pd.read_csv(path).merge(pd.read_csv(PAPER_METRICS)[["paper", "table", "reported"]], on=["paper", "table"], how="left")
-    paper["reported"] = paper["reported"].fillna("best")
-    paper["join_ratio"] = paper["join_ratio"].map(_ratio)
-    paper["kind"] = paper["setting"].str.split("_").str[0].where(~paper["setting"].str.startswith("dominant"), paper["setting"])
-    return paper
+    return papers.cell_of(cfg.dataset, cfg.partition, cfg.backbone, cfg.clients, cfg.join_ratio)
 
 
 def column_label(col, multi_backbone: bool) -> str:
@@ -176,10 +142,9 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
             label = column_label(col, backbones[(col.dataset, col.setting)] > 1)
             mine = ours.loc[hits.loc[(hits[COLUMN] == col.values).all(axis=1), "index"]]
             by_title = dict(zip(published["method"], zip(published["mean"], published["std"])))
-            if paper_name == "FedPAC-replication":  # the report's own run of FedPAC
-                mine = mine.assign(title=mine["title"].replace({"FedPAC": "FedPAC-replicated"}))
-            extras = sorted(set(mine["title"]) - set(by_title)) if _main_table(paper_name, table) else []
-            extras = [t for t in extras if "-" not in METHOD_BY_TITLE[t]]  # baselines beside a main table, never stray ablations
+            mine = mine.assign(title=mine["title"].map(lambda t: papers.label_in(paper_name, t)))
+            baselines = mine.loc[[not METHODS[m].family for m in mine["method"]]]  # beside a main table, never stray ablations
+            extras = sorted(set(baselines["title"]) - set(by_title)) if papers.is_main(paper_name, table) else []
             for title in list(by_title) + extras:
                 paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))
                 runs = mine[mine["title"] == title]
@@ -188,10 +153,6 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame(out)
     df["difference"] = df["ours_mean"] - df["paper_mean"]
     return df
-
-
-def _main_table(paper_name: str, table: str) -> bool:
-    return paper_name in ("GPFL", "FedCP", "FedPAC") and "-" not in table
 
 
 def _reported_label(reported: str, runs: pd.DataFrame) -> str:
@@ -366,7 +327,7 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
     per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
     summaries = pd.DataFrame([summarize(r, select) for r in runs])
     summaries["cell"] = [paper_cell(r["config"]) for r in runs]
-    tables = paper_tables(summaries, load_paper_tables())
+    tables = paper_tables(summaries, papers.load_tables())
     per_round.to_parquet(out / "rounds.parquet", index=False)
     summaries.drop(columns="cell").to_parquet(out / "runs.parquet", index=False)
     written = [out / "rounds.parquet", out / "runs.parquet"]

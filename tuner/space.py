@@ -3,7 +3,8 @@
 A space is a YAML file (see `search_spaces/`):
 
     method: fedcp                  # optional; must match the method named on the command line
-    settings: {dataset: fmnist, partition: "dir:0.1", rounds: 2000}   # fixed, same names as --set
+    setting: pfllib-fmnist-dir0.1  # optional: a shared experiment setting (tuner/papers.py SETTINGS)
+    settings: {rounds: 500}        # fixed, same names as --set; over the shared setting
     search:                        # one distribution per setting or hyperparameter
       lam: {grid: [0, 0.1, 1, 5, 10]}
       lr: {loguniform: [0.001, 0.05]}
@@ -39,7 +40,7 @@ SAMPLERS = {
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
 }
 SELECTS = ("test", "val")
-TOP_KEYS = ("method", "settings", "search", "sampler", "samples", "select", "report_every", "stop")
+TOP_KEYS = ("method", "setting", "settings", "search", "sampler", "samples", "select", "report_every", "stop")
 STOP_KEYS = ("grace", "patience", "max_total_rounds")
 
 
@@ -122,7 +123,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     clash = search_names & set(settings or {})
     if clash:
         raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
-    settings = {**_mapping(data.get("settings"), where, "settings"), **(settings or {})}
+    settings = {**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings"), **(settings or {})}
     base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
     search_spec = _mapping(data.get("search"), where, "search")
     if not search_spec:
@@ -159,6 +160,16 @@ def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UserError(f"{where}: '{key}' must be a mapping of name: value.")
     return dict(value)
+
+
+def _shared_setting(name: Any, where: str) -> dict[str, Any]:
+    from tuner.papers import SETTINGS
+
+    if name is None:
+        return {}
+    if name not in SETTINGS:
+        raise UserError(f"{where}: unknown setting {name!r}; name one of {', '.join(SETTINGS)} or write the values under 'settings'.")
+    return dict(SETTINGS[name])
 
 
 def _positive(value: Any, where: str, key: str) -> int:
