@@ -2,6 +2,8 @@
 
 Ablations and variants are the same method with other hyperparameter defaults, registered
 under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, ...).
+The reference code's forms, where it departs from its paper, are small subclasses that override
+only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `fedpac-official`, `fedpac-pfllib`).
 """
 
 from algorithms import fedcp, fedem, fedpac, gpfl, hypcluster
@@ -14,7 +16,7 @@ from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fedbabu import FedBABU
 from algorithms.fedfomo import FedFomo
 from algorithms.fedper import FedPer
-from algorithms.fedphp import FedPHP
+from algorithms.fedphp import FedPHP, FedPHPPfllib
 from algorithms.fedproto import FedProto
 from algorithms.fedprox import FedProx
 from algorithms.fedrep import FedRep
@@ -30,7 +32,9 @@ from algorithms.scaffold import SCAFFOLD
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM]  # fmt: skip
-_ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC, *fedpac.VARIANTS]
+REFERENCE_FORMS = [FedPHPPfllib, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
+_ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
+        *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
 __all__ = ["METHODS", "Method", "Net", "Phase", "Training"]

@@ -15,7 +15,9 @@ Prediction: the personalized model {W_i^fe, W^hd, W_i^hd, Θ_i}.
 Ablations (Table 1): cs=False drops the client-specific vector (C_i = h_i), ss=False the
 sample-specific one (C_i = v_i/‖v_i‖), both: a random frozen vector; gfm=False drops the frozen
 global extractor and MMD; cpn=False feeds h to both heads; cpn=False, gh=False keeps only the
-personal head. gumbel=True follows PFLlib: the policy by Gumbel-softmax (τ = 1), also at inference.
+personal head.
+
+`fedcp-gumbel` is PFLlib's form (clientcp.py): the policy by Gumbel-softmax (τ = 1), also at inference.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ class FedCPHparams:
     gfm: bool = True  # frozen global feature extractor with the MMD loss
     cpn: bool = True  # conditional policy network
     gh: bool = True  # frozen global head (only removable together with the CPN)
-    gumbel: bool = False  # PFLlib: Gumbel-softmax policy, also at inference
 
     def __post_init__(self):
         if self.cpn and not self.gh:
@@ -92,8 +93,11 @@ class FedCP(Method):
         else:
             condition = self.random_input.to(h.dtype).expand_as(h)
         a = functional_call(self.policy_net, substate(state, "cpn."), (condition,)).view(*h.shape, 2)
-        policy = F.gumbel_softmax(a, tau=1.0, dim=-1) if self.hp.gumbel else torch.softmax(a, dim=-1)  # eq. 4
+        policy = self._pairwise(a)
         return policy[..., 0], policy[..., 1]  # r_i, s_i
+
+    def _pairwise(self, a):
+        return torch.softmax(a, dim=-1)  # eq. 4
 
     def _frozen(self, state, server):
         """The frozen global model: the server's parameters; BatchNorm statistics on throwaway copies of the client's."""
@@ -121,6 +125,17 @@ class FedCP(Method):
         if self.hp.gh:  # eq. 6: the upload head is the mean of the frozen global and the personal head
             out |= {k: (server[k] + client[k]) / 2 for k in self.net.keys(("head.",))}
         return out
+
+
+class FedCPGumbel(FedCP):
+    """PFLlib's form of FedCP (module docstring)."""
+
+    name = "fedcp-gumbel"
+    title = "FedCP-Gumbel"
+    family = "fedcp"
+
+    def _pairwise(self, a):
+        return F.gumbel_softmax(a, tau=1.0, dim=-1)
 
 
 # Table 1

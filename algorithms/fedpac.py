@@ -20,8 +20,8 @@ quadratic form, a linear term per client, and all of a round's QPs are one cvxpy
 Variants: combine="protoweights" (the replication report, eqs. 12-13: α_i = softmax_j of minus
 the loss of client j's prototypes under client i's head); combine="none" keeps heads local;
 lam=0 turns feature alignment off (Table 2: FedPAC-FA, FedPAC-CC, FedPAC-none).
-weights="official" zeroes weights below 1e-3 and renormalizes (the official code);
-"pfllib" zeroes them without renormalizing (PFLlib).
+`fedpac-official` zeroes combination weights below 1e-3 and renormalizes (the official code);
+`fedpac-pfllib` zeroes them without renormalizing (PFLlib).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from algorithms.base import Method, Passes, Unsupported, variant
 from algorithms.common import cross_entropy, per_client, weighted_mean
 
 COMBINE = ("qp", "protoweights", "none")
-WEIGHTS = ("paper", "official", "pfllib")
 SMALL_WEIGHT = 1e-3  # the reference implementations' cut-off
 
 
@@ -46,13 +45,10 @@ class FedPACHparams:
     lam: float = 1.0  # λ, weight of the feature alignment (eq. 3)
     head_lr: float = 0.1  # η_g, the head's one epoch
     combine: str = "qp"  # qp (46) | protoweights (replication report) | none
-    weights: str = "paper"  # paper | official | pfllib: what happens to tiny combination weights
 
     def __post_init__(self):
         if self.combine not in COMBINE:
             raise Unsupported(f"FedPAC's combine must be one of {', '.join(COMBINE)}, not '{self.combine}'.")
-        if self.weights not in WEIGHTS:
-            raise Unsupported(f"FedPAC's weights must be one of {', '.join(WEIGHTS)}, not '{self.weights}'.")
 
 
 class SimplexQPs:
@@ -177,12 +173,10 @@ class FedPAC(Method):
         m = len(gram)
         if m not in self._qps:
             self._qps[m] = SimplexQPs(m)
-        alpha = torch.from_numpy(self._qps[m].solve(quadratic, gram))
-        if self.hp.weights != "paper":
-            alpha = torch.where(alpha < SMALL_WEIGHT, torch.zeros_like(alpha), alpha)
-            if self.hp.weights == "official":
-                alpha = alpha / alpha.sum(1, keepdim=True)
-        return alpha.float()
+        return self._settled(torch.from_numpy(self._qps[m].solve(quadratic, gram))).float()
+
+    def _settled(self, alpha):
+        return alpha  # the QP's solution as it is
 
     def prototype_weights(self, uploads) -> torch.Tensor:
         """Replication report, eqs. 12-13: α_ij ∝ exp(−loss of client j's prototypes under client i's head)."""
@@ -198,6 +192,29 @@ class FedPAC(Method):
 
         loss = vmap(losses_under)({key: uploads[key] for key in self.head_keys})  # (i, j)
         return torch.softmax(-loss, dim=1)
+
+
+class FedPACOfficial(FedPAC):
+    """The official code's combination weights: those below 1e-3 zeroed, the rest renormalized."""
+
+    name = "fedpac-official"
+    title = "FedPAC-official"
+    family = "fedpac"
+
+    def _settled(self, alpha):
+        alpha = torch.where(alpha < SMALL_WEIGHT, torch.zeros_like(alpha), alpha)
+        return alpha / alpha.sum(1, keepdim=True)
+
+
+class FedPACPfllib(FedPAC):
+    """PFLlib's combination weights: those below 1e-3 zeroed, not renormalized."""
+
+    name = "fedpac-pfllib"
+    title = "FedPAC-PFLlib"
+    family = "fedpac"
+
+    def _settled(self, alpha):
+        return torch.where(alpha < SMALL_WEIGHT, torch.zeros_like(alpha), alpha)
 
 
 # Table 2 and the replication report

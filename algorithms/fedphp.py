@@ -12,7 +12,7 @@ Upload: w, trained from the global model. Server: sample-weighted mean. Predicti
 This is the paper's Algorithm and its authors' code (FedRepo's fedphp.py: update_local,
 generate_mu, update_hpm; MMD as its reg_way), the default.
 
-`pfllib=true` runs PFLlib's form (clientphp.py), which produced the FedPHP rows of the GPFL and
+`fedphp-pfllib` is PFLlib's form (clientphp.py), which produced the FedPHP rows of the GPFL and
 FedCP tables: receiving w ← (1 − μ_R) w_global + μ_R w (μ_R = μ R / T in round R), the teacher
 is the global model, the mixture is trained, uploaded and predicts.
 """
@@ -32,7 +32,6 @@ PRIVATE, TEACHER, COUNT = "php.private.", "php.teacher.", "php.count"
 class FedPHPHparams:
     mu: float = 0.9  # μ, the inheritance at its largest (the authors' code: 0.9)
     lam: float = 0.5  # λ, weight of the MMD transfer
-    pfllib: bool = False  # PFLlib's form: the global model teaches the inherited mixture
 
 
 class FedPHP(Method):
@@ -41,28 +40,17 @@ class FedPHP(Method):
     Hparams = FedPHPHparams
     passes = Passes(end_local=True)  # inheritance
 
-    def init_client(self, model):
-        if self.hp.pfllib:
-            return {**super().init_client(model), **self.net.copy(model, TEACHER)}
-        return {**super().init_client(model), **self.net.copy(model, PRIVATE), COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device)}
+    teacher_prefix = PRIVATE  # the HPM teaches
 
-    def broadcast(self, client, server, at):
-        out = super().broadcast(client, server, at)
-        if not self.hp.pfllib:
-            return out
-        mu = self.hp.mu * at.number / at.total  # μ_R of the round about to be trained
-        keys = self.net.param_keys
-        own = {k: (1 - mu) * server[k] + mu * client[k] for k in keys}
-        return {**out, **own, **{TEACHER + k: server[k] for k in keys}}
+    def init_client(self, model):
+        return {**super().init_client(model), **self.net.copy(model, PRIVATE), COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device)}
 
     def loss(self, state, server, x, y):
         f = self.net.features(state, x)
-        teacher = self.net.features(state, x, (TEACHER if self.hp.pfllib else PRIVATE) + "body.").detach()
+        teacher = self.net.features(state, x, self.teacher_prefix + "body.").detach()
         return (1 - self.hp.lam) * F.cross_entropy(self.net.head(state, f), y) + self.hp.lam * mmd(f, teacher)
 
     def end_local(self, client, server, stats, at):
-        if self.hp.pfllib:
-            return client
         t = self.training
         mu = torch.clamp(self.hp.mu * client[COUNT] / max(1.0, t.participation * t.rounds), max=self.hp.mu)  # generate_mu
         floats = [k for k in self.net.param_keys + self.net.buffer_keys if client[k].is_floating_point()]  # BatchNorm statistics too
@@ -70,4 +58,28 @@ class FedPHP(Method):
         return {**client, **inherited, COUNT: client[COUNT] + 1}
 
     def logits(self, state, server, x):
-        return self.net.logits(state, x, "" if self.hp.pfllib else PRIVATE)
+        return self.net.logits(state, x, PRIVATE)
+
+
+class FedPHPPfllib(FedPHP):
+    """PFLlib's form of FedPHP (module docstring): no HPM; the inherited mixture is trained and predicts."""
+
+    name = "fedphp-pfllib"
+    title = "FedPHP-PFLlib"
+    family = "fedphp"
+    passes = Passes()
+    end_local = Method.end_local  # no inheritance step after training
+    teacher_prefix = TEACHER  # the global model teaches
+
+    def init_client(self, model):
+        return {**Method.init_client(self, model), **self.net.copy(model, TEACHER)}
+
+    def broadcast(self, client, server, at):
+        out = super().broadcast(client, server, at)
+        mu = self.hp.mu * at.number / at.total  # μ_R of the round about to be trained
+        keys = self.net.param_keys
+        own = {k: (1 - mu) * server[k] + mu * client[k] for k in keys}
+        return {**out, **own, **{TEACHER + k: server[k] for k in keys}}
+
+    def logits(self, state, server, x):
+        return self.net.logits(state, x)

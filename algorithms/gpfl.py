@@ -13,10 +13,12 @@ Prediction: the personalized route only, ψ(f^P).
 
 Ablations (Table 6): pci=False feeds constant vectors a, b instead of p_i, g; cov=False uses f
 for both routes; mlg=False drops L_mlg; gce=False drops the embeddings with both guidance
-losses (the valve then gets a, b). pfllib=True follows PFLlib: L_mlg as one unsquared norm over
-the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same gradient), p_i
-without the 1/U, and g, p_i computed from the client's own embeddings (as it last trained them)
-just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ.
+losses (the valve then gets a, b).
+
+`gpfl-pfllib` is PFLlib's form, the code behind the published tables (clientgp.py): L_mlg as one
+unsquared norm over the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same
+gradient), p_i without the 1/U, and g, p_i computed from the client's own embeddings (as it last
+trained them) just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class GPFLHparams:
     cov: bool = True  # Conditional Valve; False: f^G = f^P = f
     mlg: bool = True  # magnitude-level guidance L_mlg
     gce: bool = True  # Global Category Embeddings with the angle- and magnitude-level guidance
-    pfllib: bool = False  # PFLlib's batch-level norm, μ as weight decay, p_i without 1/U
 
 
 class ConditionalValve(nn.Module):
@@ -74,15 +75,7 @@ class GPFL(Method):
         state = {**super().init_client(model), **prefixed(self.valve, "cov."), "gpfl.alpha": torch.zeros(self.training.num_classes)}
         if self.hp.gce:
             state |= prefixed(self.embeddings, "gce.")
-            if self.hp.pfllib:
-                state["gpfl.cond_gce"] = state["gce.weight"].clone()
         return {k: v.to(self.constants.device) for k, v in state.items()}
-
-    def broadcast(self, client, server, at):
-        out = super().broadcast(client, server, at)
-        if self.hp.pfllib and self.hp.gce:  # PFLlib's set_GCE: the conditions come from the embeddings being replaced
-            out["gpfl.cond_gce"] = client["gce.weight"]
-        return out
 
     def statistics(self, state, server, x, y, w):
         return {"labels": label_counts(y, w, self.training.num_classes)}
@@ -99,11 +92,8 @@ class GPFL(Method):
         if not (self.hp.pci and self.hp.gce):
             c = self.constants.to(state["head.weight"].dtype)
             return c[1], c[0]
-        frozen = state["gpfl.cond_gce"] if self.hp.pfllib else server["gce.weight"]
-        u = frozen.shape[0]
-        g = frozen.mean(0)
-        p = state["gpfl.alpha"] @ frozen
-        return g, (p if self.hp.pfllib else p / u)
+        frozen = server["gce.weight"]  # Ĉ
+        return frozen.mean(0), state["gpfl.alpha"] @ frozen / frozen.shape[0]  # g (eq. 5), p_i (eq. 7)
 
     def _routes(self, state, server, x):
         f = self.net.features(state, x)
@@ -127,15 +117,46 @@ class GPFL(Method):
             loss = loss + F.cross_entropy(cosine, y)  # eq. 8: angle-level guidance
             if self.hp.mlg:
                 gap = f_global - server["gce.weight"][y]  # against the frozen Ĉ_y
-                mlg = torch.linalg.vector_norm(gap) if self.hp.pfllib else torch.linalg.vector_norm(gap, dim=1).mean()
-                loss = loss + self.hp.lam * mlg  # eq. 9: magnitude-level guidance
+                loss = loss + self.hp.lam * self._magnitude_gap(gap)  # eq. 9: magnitude-level guidance
             emb_params = [emb]
-        if self.hp.pfllib:  # μ as weight decay on V and C
-            return loss + self.hp.mu / 2 * sum((p**2).sum() for p in valve_params + emb_params)
-        for params in (valve_params, emb_params):  # eq. 11: μ‖V‖₂ + μ‖C‖₂
-            if params:
-                loss = loss + self.hp.mu * torch.sqrt(sum((p**2).sum() for p in params))
-        return loss
+        return loss + self._norms(valve_params, emb_params)
+
+    def _magnitude_gap(self, gap):
+        return torch.linalg.vector_norm(gap, dim=1).mean()  # eq. 9: per sample, averaged
+
+    def _norms(self, valve_params, emb_params):
+        """μ‖V‖₂ + μ‖C‖₂ (eq. 11)."""
+        return sum(self.hp.mu * torch.sqrt(sum((p**2).sum() for p in params)) for params in (valve_params, emb_params) if params)
+
+
+class GPFLPfllib(GPFL):
+    """PFLlib's form of GPFL (module docstring)."""
+
+    name = "gpfl-pfllib"
+    title = "GPFL-PFLlib"
+    family = "gpfl"
+
+    def init_client(self, model):
+        state = super().init_client(model)
+        return state | ({"gpfl.cond_gce": state["gce.weight"].clone()} if self.hp.gce else {})
+
+    def broadcast(self, client, server, at):
+        out = super().broadcast(client, server, at)
+        if self.hp.gce:  # set_GCE: the conditions come from the client's embeddings about to be replaced
+            out["gpfl.cond_gce"] = client["gce.weight"]
+        return out
+
+    def _conditions(self, state, server):
+        if not (self.hp.pci and self.hp.gce):
+            return super()._conditions(state, server)
+        own = state["gpfl.cond_gce"]
+        return own.mean(0), state["gpfl.alpha"] @ own  # no 1/U
+
+    def _magnitude_gap(self, gap):
+        return torch.linalg.vector_norm(gap)  # one norm over the batch
+
+    def _norms(self, valve_params, emb_params):
+        return self.hp.mu / 2 * sum((p**2).sum() for p in valve_params + emb_params)  # μ as weight decay
 
 
 # Table 6

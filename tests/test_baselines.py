@@ -320,7 +320,7 @@ def test_fedphp_trains_from_the_global_model_towards_the_private_one_and_inherit
 
 
 def test_fedphp_pfllib_form_inherits_on_receipt_and_learns_from_the_global_teacher():
-    sim = sim_for("fedphp", 2, join_ratio="1", rounds=4, hparams={"pfllib": True})
+    sim = sim_for("fedphp-pfllib", 2, join_ratio="1", rounds=4)
     m, k = sim.method, sim.method.net.param_keys[0]
     state, server = client(sim, 0), sim.server
     mu = m.hp.mu * 3 / 4  # round 3 of 4

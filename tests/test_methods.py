@@ -31,7 +31,7 @@ def test_gpfl_personal_input_weights_frozen_embeddings_by_label_frequency():
 
 
 def test_gpfl_pfllib_form_takes_its_conditions_from_the_clients_own_embeddings_before_they_are_replaced():
-    sim = sim_for("gpfl", hparams={"pfllib": True}, executor="sequential")
+    sim = sim_for("gpfl-pfllib", executor="sequential")
     own, upload = [], sim.method.upload
 
     def remember(client, server):  # what each client trained, as it goes to the server (in client order)
@@ -115,11 +115,11 @@ def test_fedcp_global_head_is_frozen_and_upload_head_is_the_mean():
     torch.testing.assert_close(state["fedcp.v"], sim.clients["head.weight"][0].sum(0))  # v_i from before training
 
 
-def test_fedcp_gumbel_option_runs_vectorized_and_resumes_exactly():
-    straight = sim_for("fedcp", 2, hparams={"gumbel": True})
-    half = sim_for("fedcp", 1, hparams={"gumbel": True})
+def test_fedcp_gumbel_form_runs_vectorized_and_resumes_exactly():
+    straight = sim_for("fedcp-gumbel", 2)
+    half = sim_for("fedcp-gumbel", 1)
     saved = half.state_dict()
-    resumed = sim_for("fedcp", hparams={"gumbel": True})
+    resumed = sim_for("fedcp-gumbel")
     torch.manual_seed(123)  # whatever happened in between, the saved generator state wins
     resumed.load_state_dict(saved)
     resumed.step()
