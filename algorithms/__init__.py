@@ -15,6 +15,7 @@ from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fedbabu import FedBABU
 from algorithms.fedfomo import FedFomo
+from algorithms.fedopt import FedAdam, FedYogi
 from algorithms.fedper import FedPer
 from algorithms.fedphp import FedPHP, FedPHPPfllib
 from algorithms.fedproto import FedProto
@@ -31,7 +32,7 @@ from algorithms.scaffold import SCAFFOLD
 
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
-             fedem.FedEM]  # fmt: skip
+             fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 REFERENCE_FORMS = [FedPHPPfllib, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip

@@ -12,6 +12,7 @@ a method says what it does in each step of a round, and which optional steps it 
     end_local(client, server, stats, at) -> client     after local training    (Passes.end_local)
     upload(client, server)          -> dict        what a client sends          (Passes.upload)
     aggregate(server, uploads, at)  -> server      uploads stacked over the cohort `at.clients`
+    server_optimizer()              -> optimizer   how the default aggregate steps to the cohort's mean
     logits(state, server, x)        -> logits      how a client predicts (its personalized model)
 
 `at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
@@ -103,6 +104,13 @@ class Net:
         return [k for k in pool if k.startswith(prefixes)]
 
 
+SERVER_OPTIMIZER = "server_opt."  # where the server keeps its optimizer's state
+
+
+def prefixed_state(state: State) -> State:
+    return {SERVER_OPTIMIZER + k: v for k, v in state.items()}
+
+
 @dataclass(frozen=True)
 class SGD:
     """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
@@ -126,6 +134,39 @@ class SGD:
             torch._foreach_add_(buf, d)
             d = buf
         torch._foreach_add_(p, d, alpha=-self.lr)
+
+
+@dataclass(frozen=True)
+class Adam:
+    """The server's Adam of Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2:
+    m ← β1 m + (1 − β1) g, v ← β2 v + (1 − β2) g², x ← x − η m / (√v + τ), from v = τ² and without
+    bias correction, as the paper writes it (Flower starts v at 0 and corrects the bias). In place,
+    as SGD; its state holds m ("m.KEY") and v ("v.KEY")."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+    def init(self, params: State) -> State:
+        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.full_like(v, self.tau**2) for k, v in params.items()}}
+
+    def step(self, params: State, grads: State, state: State) -> None:
+        for k, p in params.items():
+            g, m, v = grads[k], state["m." + k], state["v." + k]
+            m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
+            self.second_moment(v, g * g)
+            p.sub_(self.lr * m / (v.sqrt() + self.tau))
+
+    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
+        v.mul_(self.beta2).add_(g2, alpha=1 - self.beta2)
+
+
+class Yogi(Adam):
+    """Adam with Yogi's second moment (Reddi et al. 2021, Algorithm 2): v ← v − (1 − β2) g² sign(v − g²)."""
+
+    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
+        v.sub_((1 - self.beta2) * g2 * torch.sign(v - g2))
 
 
 @dataclass(frozen=True)
@@ -224,7 +265,9 @@ class Method:
         return {k: v.clone() for k, v in model.items()}
 
     def init_server(self, model: State) -> State:
-        return {k: v.clone() for k, v in self.init_client(model).items() if self.is_shared(k)}
+        shared = {k: v.clone() for k, v in self.init_client(model).items() if self.is_shared(k)}
+        optimizer = self.server_optimizer()
+        return shared if optimizer is None else {**shared, **prefixed_state(optimizer.init(shared))}
 
     def is_shared(self, key: str) -> bool:
         """Shared: under a shared prefix, BatchNorm statistics excepted (they stay with each client)."""
@@ -264,8 +307,23 @@ class Method:
         return {k: v for k, v in client.items() if self.is_shared(k)}
 
     def aggregate(self, server: State, uploads: State, at: Round) -> State:
-        """Sample-weighted mean over the cohort; uploads are stacked along dim 0."""
-        return {**server, **weighted_mean(uploads, at.samples)}
+        """Sample-weighted mean over the cohort (uploads are stacked along dim 0), taken by the server optimizer."""
+        return {**server, **self.server_step(server, weighted_mean(uploads, at.samples))}
+
+    def server_optimizer(self) -> SGD | Adam | None:
+        """None: the server takes the cohort's mean. An optimizer: it steps along the pseudo-gradient
+        x − mean (SGD with lr 1 is the mean itself; Adam and Yogi make FedAdam and FedYogi)."""
+        return None
+
+    def server_step(self, server: State, mean: State) -> State:
+        """The server's new tensors (and its optimizer's state) from the cohort's mean."""
+        optimizer = self.server_optimizer()
+        if optimizer is None:
+            return mean
+        params = {k: server[k].clone() for k in mean}
+        state = {k.removeprefix(SERVER_OPTIMIZER): v.clone() for k, v in server.items() if k.startswith(SERVER_OPTIMIZER)}
+        optimizer.step(params, {k: params[k] - mean[k] for k in mean}, state)
+        return {**params, **prefixed_state(state)}
 
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:

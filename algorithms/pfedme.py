@@ -61,9 +61,8 @@ class PFedMe(Method):
         settle = sum(((state[PERSONAL + k] - theta[k]) ** 2).sum() for k in keys) / (2 * self.training.lr)
         return pull + settle
 
-    def aggregate(self, server, uploads, at):
-        mean = super().aggregate(server, uploads, at)
-        return {k: (1 - self.hp.beta) * server[k] + self.hp.beta * mean[k] for k in mean}  # eq. 10
+    def server_optimizer(self):
+        return SGD(self.hp.beta)  # eq. 10: w ← (1 − β) w + β mean = w − β (w − mean)
 
     def logits(self, state, server, x):
         return self.net.logits(state, x, PERSONAL)

@@ -8,8 +8,9 @@ from torch.func import grad
 
 from algorithms import BASELINES, METHODS
 from tuner.config import RunConfig
+from tuner.run import build_simulation
 
-from simulations import batch, client, reference_run, sim_for
+from simulations import batch, client, digits, reference_run, sim_for
 
 
 @pytest.mark.slow
@@ -472,3 +473,45 @@ def test_no_method_silently_equals_another():
                 assert not equal, f"{a} runs exactly as {b}"
     for a, b in [*LIMITS, ("hypcluster", "hypcluster-k3")]:  # the limits hold
         assert all(abs(x - y) < 1e-9 for ra, rb in zip(runs[a], runs[b]) for x, y in zip(ra, rb)), (a, b)
+
+
+@pytest.mark.parametrize("method", ["fedadam", "fedyogi"])
+def test_fedadam_and_fedyogi_step_the_server_along_the_cohorts_mean_as_algorithm_2(method):
+    hp = {"server_lr": 0.1, "beta1": 0.8, "beta2": 0.9, "tau": 0.01}
+    sim = sim_for(method, 0, join_ratio="1", dtype="float64", hparams=hp)
+    m, keys = sim.method, sim.method.net.param_keys
+    g = torch.Generator().manual_seed(0)
+    x = {k: sim.server[k].clone() for k in keys}
+    m1, v1 = {k: torch.zeros_like(x[k]) for k in keys}, {k: torch.full_like(x[k], 0.01**2) for k in keys}
+    server = sim.server
+    for r in (1, 2):  # two rounds: the moments carry over
+        uploads = {k: server[k] + torch.randn((6, *x[k].shape), generator=g, dtype=x[k].dtype) for k in keys}
+        at = sim.at(r, list(range(6)))
+        server = m.aggregate(server, uploads, at)
+        for k in keys:
+            w = at.samples / at.samples.sum()
+            delta = torch.tensordot(w, uploads[k], dims=1) - x[k]  # Δ = x̄ − x
+            m1[k] = 0.8 * m1[k] + 0.2 * delta
+            if method == "fedadam":
+                v1[k] = 0.9 * v1[k] + 0.1 * delta**2
+            else:
+                v1[k] = v1[k] - 0.1 * delta**2 * torch.sign(v1[k] - delta**2)
+            x[k] = x[k] + 0.1 * m1[k] / (v1[k].sqrt() + 0.01)
+            torch.testing.assert_close(server[k], x[k], rtol=1e-12, atol=1e-12)
+    run = build_simulation(digits(method, rounds=2, dtype="float64", hparams=hp))
+    run.step()
+    assert all(not k.startswith("server_opt.") for k in run.clients)  # the moments stay on the server
+
+
+def test_server_sgd_with_step_one_is_the_mean():
+    from algorithms.base import SGD
+
+    sim = sim_for("fedavg", 0, join_ratio="1", dtype="float64")
+    m, keys = sim.method, sim.method.net.param_keys
+    uploads = {k: sim.clients[k] + torch.randn(sim.clients[k].shape, dtype=torch.float64) for k in keys}
+    at = sim.at(1, list(range(6)))
+    mean = m.aggregate(sim.server, uploads, at)
+    m.server_optimizer = lambda: SGD(1.0)
+    stepped = m.aggregate(sim.server, uploads, at)
+    for k in keys:
+        torch.testing.assert_close(stepped[k], mean[k], rtol=1e-12, atol=1e-12)
