@@ -166,3 +166,26 @@ def test_baselines_no_paper_ran_sit_beside_a_main_table_and_the_replication_name
     assert set(ours["method"]) == {"FedPAC-replicated"} and ours["ours_mean"].iloc[0] == pytest.approx(90.0)  # final round
     fedpac1 = tables[(tables["paper"] == "FedPAC") & (tables["table"] == "Table1") & (tables["seeds"] > 0)]
     assert set(fedpac1["method"]) == {"FedPAC"}
+
+
+def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed_runs():
+    from pathlib import Path
+
+    from tuner.papers import load_tables
+    from tuner.report import find_runs, paper_cell, paper_tables, summarize
+
+    root = Path(__file__).resolve().parents[1]
+    runs = find_runs([root / "results" / "reproduction"])
+    summaries = pd.DataFrame([summarize(r, None) for r in runs]).assign(cell=[paper_cell(r["config"]) for r in runs])
+    tables = paper_tables(summaries, load_tables())
+    columns = {"dir:0.1": "FMNIST practical β=0.1", "pat:2": "FMNIST pathological", "pac:20": "FMNIST dominant_s20"}
+    page = (root / "docs" / "reproduction.md").read_text()
+    rows = [line.strip("|").split("|") for line in page.splitlines() if line.startswith(("| GPFL Table1 |", "| FedPAC Table"))]
+    rows = [r for r in rows if len(r) == 7]  # the main table: paper table, setting, method, rounds, ours, paper, difference
+    assert len(rows) > 40
+    for paper_table, partition, method, rounds, ours, *_ in (map(str.strip, r) for r in rows):
+        paper, table = paper_table.split()
+        hit = tables[(tables["paper"] == paper) & (tables["table"] == table) & (tables["column"] == columns[partition])
+                     & (tables["method"] == method.strip("*"))]  # fmt: skip
+        assert len(hit) == 1, (paper_table, partition, method)
+        assert f"{hit['ours_mean'].iloc[0]:.2f}" == ours.strip("*") and hit["rounds"].iloc[0] == int(rounds), (paper_table, partition, method)
