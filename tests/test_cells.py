@@ -4,7 +4,8 @@ on small files written in each dataset's own format.
 What the data is small in: samples per class, FedPAC's per-client sizes (pac_train/pac_test) and
 the Dirichlet floor (min_samples); everything else (backbone, batch, epochs, optimizer, clients,
 participation, groups, augmentation) is the cell's protocol. Every cell of every table builds its
-data, partition, clients and model. One round is trained for a covering set of cells, in which
+data, partition and method over its model, and the method's first client and server states. One
+round is trained for a covering set of cells, in which
 every method family under each protocol, and every data setting (dataset, partition, clients,
 join ratio, backbone, protocol), appears at least once: a cell can only fail through its method,
 its data setting, or the build; a family's variants differ only in loss terms that test_engine.py
@@ -22,7 +23,7 @@ import torch
 from algorithms import METHODS
 from tuner import papers, reproduce
 from tuner.config import trial_config
-from tuner.run import build_data, build_simulation
+from tuner.run import build_data, build_method, build_simulation, check_batches
 from written_data import write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
 
 CPU = torch.device("cpu")
@@ -92,7 +93,13 @@ def test_every_cell_of_the_table_builds(table, data_root, every_cell):
         key = (cfg.data_dir, cfg.partition, cfg.clients, cfg.groups)
         if key not in built:
             built[key] = build_data(cfg, CPU)
-        assert build_simulation(cfg, built[key]).data.num_clients == cell["clients"]
+            check_batches(cfg, built[key])
+        data = built[key]
+        assert data.num_clients == cell["clients"]
+        method = build_method(cfg, data)  # the stacking over clients is the same code for every method: trained below
+        model = method.net.initial_state()
+        client, server = method.init_client(model), method.init_server(model)
+        assert client.keys() >= {k for k in server if method.is_shared(k)}, cell
 
 
 @pytest.mark.slow

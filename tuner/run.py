@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from algorithms import METHODS
-from algorithms.base import Net, Training, Unsupported
+from algorithms.base import Method, Net, Training, Unsupported
 from tuner.config import RunConfig
 from tuner.data.datasets import Dataset, load_dataset
 from tuner.data.federated import FederatedData, build
@@ -77,24 +77,29 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     torch.use_deterministic_algorithms(cfg.deterministic)  # per run: a process may build several
     data = data or build_data(cfg, device)
     check_batches(cfg, data)
-    dtype = getattr(torch, cfg.dtype)
-    if dtype != torch.float32:
-        data = replace(data, decode=_decoding_to(dtype, data.decode))
-    method_cls = METHODS[cfg.method]
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
-                        cfg.rounds, sum(cfg.join_range()) / 2)  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)  # the same initial model (and method modules) for every executor and resume
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(device, dtype)
-        try:
-            method = method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
-        except Unsupported as e:
-            raise UserError(str(e)) from None
+    if cfg.dtype != "float32":
+        data = replace(data, decode=_decoding_to(getattr(torch, cfg.dtype), data.decode))
+    method = build_method(cfg, data)
     settings = EngineSettings(
         seed=cfg.seed, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap, executor=cfg.executor, cohort_chunk=cfg.cohort_chunk,
         eval_batch=cfg.eval_batch, augment=cfg.augment, full_last_round=cfg.full_last_round,
     )  # fmt: skip
     return Simulation(method, data, settings)
+
+
+def build_method(cfg: RunConfig, data: FederatedData) -> Method:
+    """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume)."""
+    cfg = cfg.resolved()
+    method_cls = METHODS[cfg.method]
+    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
+                        cfg.rounds, sum(cfg.join_range()) / 2)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
+        try:
+            return method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
+        except Unsupported as e:
+            raise UserError(str(e)) from None
 
 
 def _decoding_to(dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
