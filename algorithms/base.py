@@ -23,6 +23,10 @@ samples and local steps. `stats` are sums over the client's data that `statistic
 `algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
 (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
 
+Modules a method adds to the backbone (GPFL's valve, FedCP's policy network) are drawn when it is
+built, right after the backbone and under the run's seed (tuner/run.py `build_method`); what it
+draws later draws from `Training.seed` itself (pFedHN's hypernetwork in `init_server`).
+
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
 its inputs. This package depends on torch only.
@@ -229,6 +233,7 @@ class Training:
     weight_decay: float = 0.0
     rounds: int = 1  # the run's communication rounds
     participation: float = 1.0  # the mean share of clients that train in a round (ρ)
+    seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
 
 
 @dataclass

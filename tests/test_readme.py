@@ -1,5 +1,6 @@
 """The README's main job, run exactly as the README writes it, from a copy of the repository."""
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -29,9 +30,11 @@ def test_setup_script_runs_the_readme_main_job():
     assert "bash scripts/setup.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
+def run_main_job(tmp_path) -> Path:
+    """The main job's checkout: .ci/run's fresh clone, where scripts/setup.sh has just run it (MAIN_JOB_RAN_IN
+    names it), else a copy of this repository where the README's commands run now, relative paths and all."""
+    if os.environ.get("MAIN_JOB_RAN_IN"):
+        return Path(os.environ["MAIN_JOB_RAN_IN"])
     copy = tmp_path / "repo"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
     for command in readme_main_job():  # with the README's relative paths, from the copy as working directory
@@ -39,6 +42,13 @@ def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
         res = subprocess.run([sys.executable, "-m", "tuner.cli", *args[1:]], cwd=copy, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, f"{command}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         assert "Traceback" not in res.stdout + res.stderr
+    return copy
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
+    copy = run_main_job(tmp_path)
     report = copy / "results" / "report"
     runs = pd.read_parquet(report / "runs.parquet")
     trials = runs[runs["stage"] == "search"]

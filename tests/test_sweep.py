@@ -130,10 +130,10 @@ def _sweep_cmd(space, storage, *extra):
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     space = tmp_path / "kill.yaml"
-    # Rounds of 40 local epochs (~2 s) and Tune's experiment snapshot every 0.5 s: trial folders reach the
+    # Rounds of 10 local epochs (~2 s) and Tune's experiment snapshot every 0.5 s: trial folders reach the
     # storage only with a snapshot (by default some seconds apart), so 0.4 s rounds could pass round 2 to the last
     # unseen and the kill never came (seen 1 run in 4).
-    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 6, checkpoint_every: 2, local_epochs: 40"))  # 3 trials: done, half-done, not begun
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 6, checkpoint_every: 2, local_epochs: 10"))  # 3 trials: done, half-done, not begun
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
     proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

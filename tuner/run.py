@@ -92,7 +92,7 @@ def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     cfg = cfg.resolved()
     method_cls = METHODS[cfg.method]
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
-                        cfg.rounds, sum(cfg.join_range()) / 2)  # fmt: skip
+                        cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
