@@ -145,6 +145,8 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
         midway = [t for t in ts if t["rows"] and 2 <= t["rows"][-1]["round"] < 6 and list(t["dir"].glob("checkpoint_*"))]
         if finished and midway:
             break
+        if proc.poll() is not None:
+            pytest.fail("the sweep ended before it was seen with a finished and a half-done trial")
         time.sleep(0.5)
     else:
         pytest.fail("the sweep never reached a finished and a half-done trial")

@@ -284,7 +284,8 @@ def methods():
     from algorithms import METHODS
 
     table = Table(title="Methods (tuner run NAME --set hyperparameter=value)")
-    for col in ("name", "paper name", "shared", "hyperparameters (defaults)"):
+    table.add_column("name", no_wrap=True)  # what a user types: never broken over lines
+    for col in ("paper name", "shared", "hyperparameters (defaults)"):
         table.add_column(col)
     for name, cls in METHODS.items():
         hp = ", ".join(f"{k}={v}" for k, v in asdict(cls.Hparams()).items()) or "-"
