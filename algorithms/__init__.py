@@ -4,11 +4,13 @@ Ablations and variants are the same method with other hyperparameter defaults, r
 under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, ...).
 The reference code's forms, where it departs from its paper, are small subclasses that override
 only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `fedpac-official`, `fedpac-pfllib`).
+Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
 from algorithms import fedcp, fedem, fedpac, gpfl, hypcluster
 from algorithms.apfl import APFL
-from algorithms.base import Method, Net, Phase, Training
+from algorithms.base import SGD, Adam, Method, Net, Passes, Phase, Round, Training, Unsupported, Yogi, variant
+from algorithms.common import weighted_mean
 from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
 from algorithms.fedamp import FedAMP
@@ -38,4 +40,5 @@ _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARI
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
-__all__ = ["METHODS", "Method", "Net", "Phase", "Training"]
+# The public interface a method of one's own is written against (docs/methods.md, "Add your method").
+__all__ = ["METHODS", "SGD", "Adam", "Method", "Net", "Passes", "Phase", "Round", "Training", "Unsupported", "Yogi", "variant", "weighted_mean"]

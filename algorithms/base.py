@@ -245,7 +245,7 @@ class Method:
     """Base class with FedAvg's behaviour: one shared model, trained with cross-entropy."""
 
     name: ClassVar[str]
-    title: ClassVar[str]  # its printed name, as the papers' tables write it
+    title: ClassVar[str]  # its printed name, as the papers' tables write it (default: its name)
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     passes: ClassVar[Passes] = Passes()
@@ -256,6 +256,8 @@ class Method:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__ and "title" not in cls.__dict__:
+            cls.title = cls.name
         problem = _declaration_problem(cls)
         if problem:
             raise TypeError(f"{cls.__name__}: {problem}")

@@ -6,6 +6,8 @@ sequential; no method silently equals another)."""
 
 from functools import lru_cache
 
+import torch
+
 from tuner.config import RunConfig
 from tuner.run import build_simulation
 
@@ -54,3 +56,12 @@ def reference_run(method: str):
     for _ in range(2):
         sim.step()
     return sim
+
+
+EXACT = dict(rtol=1e-9, atol=1e-9)  # float64: what the executors and a resume must agree to
+
+
+def assert_equal_states(a, b):
+    for x, y in ((a.clients, b.clients), (a.server, b.server)):
+        for k in x:
+            torch.testing.assert_close(y[k], x[k], **EXACT)

@@ -17,7 +17,7 @@ from tuner.models import BACKBONES, Backbone
 from tuner.run import build_simulation
 
 import simulations
-from simulations import exact_config, reference_run, run_rounds
+from simulations import EXACT, assert_equal_states, exact_config, reference_run, run_rounds
 
 
 def digits(method, **kw):
@@ -28,13 +28,6 @@ def digits(method, **kw):
 # In float64, so rounding (batched and single kernels round differently, and chaotic ablations
 # amplify float32's 1e-7 to 1e-3 in two rounds) stays near 1e-14 and can never pass for a real
 # mismatch (a wrong tensor or a missed step: 1e-2 and more).
-EXACT = dict(rtol=1e-9, atol=1e-9)
-
-
-def assert_equal_states(a, b):
-    for x, y in ((a.clients, b.clients), (a.server, b.server)):
-        for k in x:
-            torch.testing.assert_close(y[k], x[k], **EXACT)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

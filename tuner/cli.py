@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tuner.config import RunConfig, apply_settings, load_yaml, parse_set, user_path
 from tuner.errors import UserError
+from tuner.plugins import canonical, method_class
 
 app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
 data_app = typer.Typer(help="Look at datasets and partitions.", no_args_is_help=True)
@@ -61,7 +62,7 @@ def make_config(method: str, config: Path | None, options: dict, sets: list[str]
 @app.command()
 @user_errors
 def run(
-    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), e.g. fedavg, fedper, gpfl, fedcp, fedpac, fedpac-fa."),
+    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), e.g. fedavg, gpfl, fedpac-fa; or your own as path/to/file.py:ClassName."),
     dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har [default: fmnist]."),
     partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet) or pac:S (FedPAC, S % uniform) [default: dir:0.1]."),
     clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20]."),
@@ -76,7 +77,7 @@ def run(
 
     if resume:
         cfg = RunDir(out).read_config()
-        if cfg.method != method:
+        if cfg.method != canonical(method):
             raise UserError(f"{out} holds a {cfg.method} run, not {method}; name {cfg.method} to resume it.")
         cfg = replace(cfg, rounds=rounds or cfg.rounds)
     else:
@@ -88,7 +89,7 @@ def run(
         TextColumn("acc {task.fields[acc]}  best {task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
         console=console, transient=False,
     ) as progress:  # fmt: skip
-        task = progress.add_task(f"{cfg.method} round", total=cfg.rounds, acc="-", best="-")
+        task = progress.add_task(f"{method_class(cfg.method).name} round", total=cfg.rounds, acc="-", best="-")
 
         def on_round(row: dict) -> None:
             nonlocal done
@@ -133,7 +134,7 @@ def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -
 @app.command()
 @user_errors
 def sweep(
-    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`)."),
+    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), or your own as path/to/file.py:ClassName."),
     space: Path = typer.Option(..., callback=absolute, help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
     name: Optional[str] = typer.Option(None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."),
     storage: Path = typer.Option(Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."),
@@ -161,12 +162,12 @@ def sweep(
 
     overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds}
     sp = load_space(space, method, overrides, parse_set(set_))
-    stem = space.stem
-    sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(method) else f"{method}-{stem}")).expanduser())
+    stem, short = space.stem, method_class(sp.method).name  # a method of one's own: its name, not its file
+    sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(short) else f"{short}-{stem}")).expanduser())
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
-    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {method}, sampler {sp.sampler}, selecting by {sp.select} accuracy")
+    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, sampler {sp.sampler}, selecting by {sp.select} accuracy")
     summary = run_sweep(sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db)
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]
@@ -277,19 +278,31 @@ def _print_tables(tables) -> None:
 
 
 @app.command()
-def methods():
-    """List every method and variant with its hyperparameters and their defaults."""
+@user_errors
+def methods(
+    template: Optional[str] = typer.Option(None, help="Print a starting file for a method of your own called NAME: tuner methods --template fednew > fednew.py"),
+):
+    """List every method and variant with its hyperparameters, with those installed packages add."""
+    if template is not None:
+        from tuner.method_template import template as starting_file
+
+        typer.echo(starting_file(template), nl=False)
+        return
     from dataclasses import asdict
 
     from algorithms import METHODS
+    from tuner.plugins import installed_methods
 
-    table = Table(title="Methods (tuner run NAME --set hyperparameter=value)")
+    table = Table(title="Methods (tuner run NAME --set hyperparameter=value; your own: tuner run FILE.py:CLASS)")
     table.add_column("name", no_wrap=True)  # what a user types: never broken over lines
     for col in ("paper name", "shared", "hyperparameters (defaults)"):
         table.add_column(col)
-    for name, cls in METHODS.items():
+    installed = installed_methods()
+    for name in [*METHODS, *installed]:
+        cls = method_class(name)
         hp = ", ".join(f"{k}={v}" for k, v in asdict(cls.Hparams()).items()) or "-"
-        table.add_row(name, cls.title, " ".join(p.rstrip(".") for p in cls.shared) or "-", hp)
+        where = f" (from {installed[name].value})" if name in installed else ""
+        table.add_row(name, cls.title + where, " ".join(p.rstrip(".") for p in cls.shared) or "-", hp)
     console.print(table)
 
 

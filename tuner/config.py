@@ -14,7 +14,6 @@ from typing import Any, get_args, get_type_hints
 import torch
 import yaml
 
-from algorithms import METHODS
 from algorithms.base import Unsupported, hparam_names
 from tuner.data.datasets import LOADERS, NORMALIZATIONS
 from tuner.data.federated import SHIFTS
@@ -22,11 +21,14 @@ from tuner.data.partition import parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.executors import EXECUTORS
 from tuner.errors import UserError
-from tuner.models import BACKBONES
+from tuner.data.user_data import is_user_data, load_user_data
+from tuner.models import BACKBONES, backbone_for
 from tuner.papers import home_protocol
+from tuner.plugins import canonical, is_reference, method_class
 
 
 DTYPES = ("float32", "float64")
+DEFAULT_CLIENTS = 20  # the papers' federation
 
 
 def resolve_device(name: str) -> str:
@@ -55,7 +57,7 @@ class RunConfig:
     method: str = "fedavg"
     dataset: str = "fmnist"
     partition: str = "dir:0.1"  # iid, pat:N, dir:BETA, pac:S
-    clients: int = 20
+    clients: int | None = None  # None: 20, or as many as the data's own clients (partition natural)
     rounds: int = 100
     seed: int = 0  # initialisation, batch order, client sampling
     partition_seed: int = 0  # the data split (fixed across seeds, as the papers keep one split per setting)
@@ -97,27 +99,46 @@ class RunConfig:
         result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
         if getattr(self, "_resolved", False):
             return self
-        if self.method not in METHODS:
-            raise UserError(f"Unknown method '{self.method}'; choose one of {', '.join(METHODS)}.")
-        if self.dataset not in LOADERS:
-            raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}.")
-        method = METHODS[self.method]
+        method = method_class(self.method)
+        dataset, clients, backbone = self._data_settings()
         protocol = self.protocol or home_protocol(method.family or method.name)
         if protocol not in PROTOCOLS:
             raise UserError(f"Unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}.")
-        if self.backbone is not None and self.backbone not in BACKBONES:
-            raise UserError(f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}.")
+        if self.backbone is not None and self.backbone not in BACKBONES and not is_reference(self.backbone):
+            raise UserError(f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}, or name your own as path/to/file.py:function.")
         parse_partition(self.partition)
         self.join_range()
-        table = paper_defaults(protocol, method.family or method.name, self.dataset, self.backbone)
+        table = paper_defaults(protocol, method.family or method.name, dataset, backbone)
         run = {k: table[k] if getattr(self, k) is None else getattr(self, k) for k in RUN_SETTINGS}
         paper_hp = {k: v for k, v in table.items() if k not in RUN_SETTINGS and k in hparam_names(method)}
         hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
-        out = replace(self, protocol=protocol, **run, device=device, executor=executor, hparams=hp)._checked()
+        run["backbone"] = canonical(run["backbone"])
+        out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor, hparams=hp)._checked()
         object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
         return out
+
+    def _data_settings(self) -> tuple[str, int, str | None]:
+        """The dataset (a user's: its absolute path), the federation's size and the backbone where the data decides them."""
+        natural = parse_partition(self.partition)[0] == "natural"
+        if not is_user_data(self.dataset):
+            if self.dataset not in LOADERS:
+                raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}, or give a path to your own (.parquet, .npz, PFLlib folder).")
+            if natural:
+                raise UserError(f"Partition natural keeps the clients a user's data names; {self.dataset} names none: choose iid, pat:N, dir:BETA or pac:S.")
+            return self.dataset, self.clients or DEFAULT_CLIENTS, self.backbone
+        dataset = str(user_path(self.dataset))
+        ds = load_user_data(dataset)
+        backbone = self.backbone or backbone_for(ds.input_shape)
+        if not natural:
+            return dataset, self.clients or DEFAULT_CLIENTS, backbone
+        if ds.owners is None:
+            raise UserError(f"Partition natural keeps the data's own clients, and {dataset} has no client column; add one or choose iid, pat:N or dir:BETA.")
+        own = int(ds.owners.max()) + 1
+        if self.clients not in (None, own):
+            raise UserError(f"{dataset} holds {own} clients, so partition natural runs {own}, not clients={self.clients}; leave clients unset.")
+        return dataset, own, backbone
 
     def _checked(self) -> "RunConfig":
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
@@ -138,9 +159,8 @@ class RunConfig:
             raise UserError(f"Unknown executor '{self.executor}'; choose one of auto, {', '.join(EXECUTORS)}.")
         if self.lr <= 0:
             raise UserError(f"Setting lr must be positive, not {self.lr}.")
-        method = METHODS[self.method]
         try:
-            method.Hparams(**self.hparams)
+            method_class(self.method).Hparams(**self.hparams)
         except Unsupported as e:
             raise UserError(str(e)) from None
         data_dir = str(user_path(self.data_dir)) if self.data_dir else None  # trials read it from another directory
@@ -197,9 +217,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> RunConfig:
     """Apply name -> value pairs to run settings or the method's hyperparameters."""
-    if cfg.method not in METHODS:
-        raise UserError(f"Unknown method '{cfg.method}'; choose one of {', '.join(METHODS)}.")
-    hp_cls = METHODS[cfg.method].Hparams
+    method = method_class(cfg.method)
+    hp_cls = method.Hparams
     hp_fields = {f.name: f for f in fields(hp_cls)}
     hp_hints = get_type_hints(hp_cls)
     updates, hp = {}, dict(cfg.hparams)
@@ -209,7 +228,7 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
         elif name in hp_fields:
             hp[name] = _coerce(name, value, hp_hints[name])
         else:
-            allowed = ", ".join(list(RUN_FIELDS) + hparam_names(METHODS[cfg.method]))
+            allowed = ", ".join(list(RUN_FIELDS) + hparam_names(method))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")
     return replace(cfg, **updates, hparams=hp)
 

@@ -44,6 +44,7 @@ RULES = [
     Rule({"backbone": "harcnn"}, "GPFL: HAR-CNN for UCI HAR", dataset=("har",)),
     Rule({"backbone": "pac_cnn"}, "FedPAC B.1: its own CNNs", protocol="fedpac", dataset=FEDPAC_IMAGES),
     # --- the PFLlib protocol (GPFL and FedCP)
+    Rule({"lr": 0.005}, "PFLlib's default step (main.py -lr 0.005), for backbones the papers do not name", protocol="pfllib"),
     Rule({"batch_size": 10, "local_epochs": 1, "momentum": 0.0, "weight_decay": 0.0, "groups": 5, "full_last_round": False,
           "augment": False, "normalize": "half"}, "GPFL §4.1 / FedCP §4: batch 10, 1 epoch, plain SGD; PFLlib's Normalize(0.5, 0.5)"),  # fmt: skip
     Rule({"lr": 0.005}, "GPFL §4.1 / FedCP §4: 0.005 for the 4-layer CNN (and the MLP)", backbone=("cnn4", "mlp")),

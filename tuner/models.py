@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from tuner.errors import UserError
+from tuner.plugins import is_reference, load_object
 
 
 class Backbone(nn.Module):
@@ -120,10 +121,55 @@ def mlp(input_shape, num_classes):
 
 BACKBONES = {"cnn4": cnn4, "pac_cnn": pac_cnn, "resnet18": resnet18, "fasttext": fasttext, "harcnn": harcnn, "mlp": mlp}
 
+
+def backbone_for(input_shape: tuple[int, ...]) -> str:
+    """A user's data without a backbone named: the 4-layer CNN for images it fits (16x16 and up), else the MLP."""
+    return "cnn4" if len(input_shape) == 3 and min(input_shape[1:]) >= 16 else "mlp"
+
+
 def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, vocab: int | None = None) -> Backbone:
-    """vocab: for token inputs, how many token ids the data has (fastText's embedding rows; 32000 unless given)."""
+    """vocab: for token inputs, how many token ids the data has (fastText's embedding rows; 32000 unless given).
+    `name` may also be a function of one's own, FILE.py:NAME or module:NAME (tuner/plugins.py)."""
+    if is_reference(name):
+        return users_backbone(name, tuple(input_shape), num_classes, vocab is not None)
     if name not in BACKBONES:
-        raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}.")
+        raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}, or name your own as path/to/file.py:function.")
     if name == "fasttext" and vocab is not None:
         return fasttext(tuple(input_shape), num_classes, vocab)
     return BACKBONES[name](tuple(input_shape), num_classes)
+
+
+def users_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, tokens: bool) -> nn.Module:
+    """A backbone from the user's function (input_shape, num_classes) -> module, checked for what every
+    method relies on: `body` and `head` submodules holding every parameter, and `feature_dim`, the
+    body's output size, which the head takes in and maps to num_classes."""
+    build = load_object(name, "Backbone")
+    if not callable(build):
+        raise UserError(f"Backbone {name} is not a function; name one that takes (input_shape, num_classes) and returns a module.")
+    try:
+        net = build(input_shape, num_classes)
+    except Exception as e:
+        raise UserError(f"Backbone {name}({input_shape}, {num_classes}) failed: {type(e).__name__}: {e}") from None
+    parts = [p for p in ("body", "head") if not isinstance(getattr(net, p, None), nn.Module)]
+    if not isinstance(net, nn.Module) or parts:
+        raise UserError(f"Backbone {name} must return an nn.Module with submodules body and head (missing: {', '.join(parts) or 'a module'}).")
+    if not isinstance(getattr(net, "feature_dim", None), int):
+        raise UserError(f"Backbone {name}'s module needs feature_dim, the size of body's output (an int).")
+    stray = [k for k, _ in net.named_parameters() if not k.startswith(("body.", "head."))]
+    if stray:
+        raise UserError(f"Backbone {name} has parameter {stray[0]} outside body and head; methods share and personalize only those two.")
+    x = torch.zeros(2, *input_shape, dtype=torch.long if tokens else torch.float32)
+    net.eval()
+    try:
+        with torch.no_grad():
+            h = net.body(x)
+            out = net.head(h)
+    except Exception as e:
+        raise UserError(f"Backbone {name} cannot take inputs of shape {input_shape}: {type(e).__name__}: {e}") from None
+    finally:
+        net.train()
+    if tuple(h.shape) != (2, net.feature_dim):
+        raise UserError(f"Backbone {name}'s body gives features of shape {tuple(h.shape[1:])} per sample, not ({net.feature_dim},) as its feature_dim says.")
+    if tuple(out.shape) != (2, num_classes):
+        raise UserError(f"Backbone {name}'s head gives {tuple(out.shape[1:])} per sample, not the data's {num_classes} classes.")
+    return net

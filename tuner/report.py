@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from algorithms import METHODS
 from tuner import papers
 from tuner.config import RunConfig, trial_config
 from tuner.run import RunDir, selection
 from tuner.errors import UserError
+from tuner.plugins import is_variant, method_title
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
@@ -80,7 +80,7 @@ def summarize(run: dict, select: str | None) -> dict:
     evals = rows[rows["acc"].notna()] if "acc" in rows else rows.iloc[0:0]
     out = {
         "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
-        "title": METHODS[cfg.method].title, "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
+        "title": method_title(cfg.method), "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
         "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
         "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()),
         "config_key": config_key(cfg), "failed": _failure(rows), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
@@ -143,7 +143,7 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
             mine = ours.loc[hits.loc[(hits[COLUMN] == col.values).all(axis=1), "index"]]
             by_title = dict(zip(published["method"], zip(published["mean"], published["std"])))
             mine = mine.assign(title=mine["title"].map(lambda t: papers.label_in(paper_name, t)))
-            baselines = mine.loc[[not METHODS[m].family for m in mine["method"]]]  # beside a main table, never stray ablations
+            baselines = mine.loc[[not is_variant(m) for m in mine["method"]]]  # beside a main table, never stray ablations
             extras = sorted(set(baselines["title"]) - set(by_title)) if papers.is_main(paper_name, table) else []
             for title in list(by_title) + extras:
                 paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))

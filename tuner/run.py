@@ -17,16 +17,17 @@ import pandas as pd
 import torch
 import yaml
 
-from algorithms import METHODS
 from algorithms.base import Method, Net, Training, Unsupported
 from tuner.config import RunConfig
 from tuner.data.datasets import Dataset, load_dataset
 from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
+from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
 from tuner.executors import EngineSettings
 from tuner.errors import UserError
 from tuner.models import build_backbone
+from tuner.plugins import method_class
 
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
@@ -53,7 +54,10 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
     if cfg.augment and ds.kind != "image":
         raise UserError(f"augment=true crops and flips images; {cfg.dataset} holds {ds.kind} data.")
     spec = partition_spec(cfg, ds)
-    part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=ds.name)
+    if spec.kind == "natural" and ds.owners is None:
+        raise UserError(f"Partition natural keeps the clients of the data, and {cfg.dataset} names none; give it a client column, or choose iid, pat:N, dir:BETA.")
+    cache = "" if is_user_data(cfg.dataset) else ds.name
+    part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=cache, owners=ds.owners, is_train=ds.is_train)
     return build(ds, part, cfg.shift, cfg.partition_seed, cfg.normalize, device)
 
 
@@ -90,7 +94,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
 def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume)."""
     cfg = cfg.resolved()
-    method_cls = METHODS[cfg.method]
+    method_cls = method_class(cfg.method)
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
                         cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed)  # fmt: skip
     with torch.random.fork_rng(devices=[]):

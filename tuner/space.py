@@ -29,6 +29,7 @@ import optuna
 
 from tuner.config import RunConfig, apply_settings, read_mapping
 from tuner.errors import UserError
+from tuner.plugins import canonical, method_class
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
 SAMPLERS = {
@@ -100,17 +101,16 @@ def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
 
 def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> Space:
     """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed settings."""
-    from algorithms import METHODS
-
-    if method not in METHODS:
-        raise UserError(f"Unknown method '{method}'; choose one of {', '.join(METHODS)}.")
+    method = canonical(method)
+    method_class(method)
     p = Path(path)
     where = str(p)
     data = read_mapping(p, "Space file")
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; a space file may hold {', '.join(TOP_KEYS)}.")
-    if data.get("method") not in (None, method) and not method.startswith(f"{data['method']}-"):  # a variant may use its method's space
+    named = canonical(str(data["method"])) if data.get("method") else None  # a file: from the current directory, as on the command line
+    if named not in (None, method) and not method.startswith(f"{named}-"):  # a variant may use its method's space
         raise UserError(f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file.")
     for key, value in (overrides or {}).items():
         if value is not None:

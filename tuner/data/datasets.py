@@ -36,6 +36,8 @@ class Dataset:
     kind: str  # "image", "signal" or "text"
     pac_groups: list[list[int]] | None = None  # FedPAC's dominant class sets, where the paper fixes them
     vocab: int | None = None  # text: token ids are below this (the embedding's rows)
+    owners: np.ndarray | None = None  # a user's data: the client of every sample (natural partition)
+    is_train: np.ndarray | None = None  # a user's data: its own train/test split
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -49,7 +51,7 @@ def decode(ds: Dataset, normalize: str) -> Callable[[torch.Tensor], torch.Tensor
     """Turn stored samples into model inputs. Images: `half` maps to [-1, 1] as PFLlib's
     Normalize(0.5, 0.5) does; `dataset` subtracts each channel's mean and divides by its std
     (over the pooled dataset), as FedPAC's CIFAR code does."""
-    if ds.kind != "image":
+    if ds.kind != "image" or ds.x.is_floating_point():  # float images come normalized (PFLlib's files)
         return lambda x: x
     if normalize == "half":
         return lambda x: x.float().mul_(2.0 / 255.0).sub_(1.0)
@@ -350,6 +352,11 @@ LOADERS: dict[str, Callable[[Path | None, bool], Dataset]] = {
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = True) -> Dataset:
+    """A built-in dataset by name, or a user's own file or folder by path (tuner/data/user_data.py)."""
+    from tuner.data.user_data import is_user_data, load_user_data
+
+    if is_user_data(name):
+        return load_user_data(name)
     if name not in LOADERS:
-        raise UserError(f"Unknown dataset '{name}'; choose one of {', '.join(LOADERS)}.")
+        raise UserError(f"Unknown dataset '{name}'; choose one of {', '.join(LOADERS)}, or give a path to your own (.parquet, .npz, PFLlib folder).")
     return LOADERS[name](Path(data_dir).expanduser() if data_dir else None, download)

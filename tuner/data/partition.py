@@ -1,9 +1,10 @@
 """Splitting a pooled dataset over clients, as the papers do.
 
 `iid`, `pat:n` (pathological: n classes per client, GPFL/FedCP), `dir:b` (practical: Dirichlet
-b per class), and `pac:s` (FedPAC: s % uniform over all classes, the rest from the client's
+b per class), `pac:s` (FedPAC: s % uniform over all classes, the rest from the client's
 group's dominant classes, fixed sizes, test drawn from the same distribution, samples reused
-across clients as FedPAC's code does). Every client gets disjoint train / test (and optionally
+across clients as FedPAC's code does), and `natural` (a user's data: its own clients, and its own
+train/test split where it has one). Every client gets disjoint train / test (and optionally
 validation) index sets into the pooled dataset.
 Results are cached on disk under a hash of every setting that shapes them.
 """
@@ -25,7 +26,7 @@ CACHE_ROOT = Path(os.environ.get("TUNER_CACHE", Path.home() / ".cache" / "pfl-tu
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    kind: str  # iid | pat | dir | pac
+    kind: str  # iid | pat | dir | pac | natural
     value: float | None  # classes per client, Dirichlet beta, or FedPAC's s in percent
     clients: int
     seed: int
@@ -45,8 +46,8 @@ class PartitionSpec:
 def parse_partition(text: str) -> tuple[str, float | None]:
     """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None)."""
     kind, _, value = text.partition(":")
-    if kind == "iid" and not value:
-        return "iid", None
+    if kind in ("iid", "natural") and not value:
+        return kind, None
     if kind in ("pat", "dir", "pac") and value:
         try:
             v = float(value)
@@ -55,7 +56,7 @@ def parse_partition(text: str) -> tuple[str, float | None]:
         if v is not None and v > 0 and (kind != "pat" or v.is_integer()) and (kind != "pac" or v <= 100):
             return kind, v
     raise UserError(
-        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0) or pac:S (S % uniform, 0-100)."
+        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), pac:S (S % uniform, 0-100) or natural (your data's own clients)."
     )
 
 
@@ -70,8 +71,10 @@ class Partition:
         return np.array([len(t) for t in self.train])
 
 
-def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_groups: list[list[int]] | None = None, dataset: str = "") -> Partition:
-    """Partition (cached) the pooled labels over spec.clients clients."""
+def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_groups: list[list[int]] | None = None, dataset: str = "",
+              owners: np.ndarray | None = None, is_train: np.ndarray | None = None) -> Partition:  # fmt: skip
+    """Partition the pooled labels over spec.clients clients, cached under `dataset` (a user's data, whose
+    file may change, is never cached). natural: `owners` gives each sample's client, `is_train` the split."""
     path = CACHE_ROOT / f"{dataset}-{spec.kind}-{spec.key(dataset, len(labels))}.npz"
     if dataset and path.exists():
         return _load(path, spec.clients)
@@ -79,14 +82,20 @@ def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_gro
     group = np.arange(spec.clients) % spec.groups
     if spec.kind == "pac":
         train, test = _pac(labels, num_classes, spec, group, pac_groups, rng)
+    elif spec.kind == "natural" and is_train is not None:
+        train = [rng.permutation(np.flatnonzero((owners == c) & is_train)) for c in range(spec.clients)]  # validation: a random part
+        test = [np.flatnonzero((owners == c) & ~is_train) for c in range(spec.clients)]
     else:
         if spec.kind == "iid":
             owned = np.array_split(rng.permutation(len(labels)), spec.clients)
+        elif spec.kind == "natural":
+            owned = [np.flatnonzero(owners == c) for c in range(spec.clients)]
         elif spec.kind == "pat":
             owned = _pathological(labels, num_classes, spec, rng)
         else:
             owned = _dirichlet(labels, num_classes, spec, rng)
-        _check_sizes(owned, spec)
+        if spec.kind != "natural":  # the user's clients are as they are; check_batches says if one cannot train
+            _check_sizes(owned, spec)
         train, test = [], []
         for idx in owned:  # PFLlib splits each client's data after partitioning, not stratified
             idx = rng.permutation(idx)

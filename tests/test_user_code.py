@@ -1,0 +1,308 @@
+"""A user's own method, backbone and data, from files outside the repository: run under both executors,
+swept by Ray Tune, tabled beside the baselines; every mistake in them one sentence."""
+
+import json
+import math
+import os
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from simulations import assert_equal_states, exact_config, reference_run, run_rounds
+from tuner.cli import app
+from tuner.config import RunConfig
+from tuner.run import build_simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "1"]
+
+FEDNEW = '''
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from algorithms import Method
+
+
+class FedNew(Method):
+    """FedAvg whose clients keep their head near the server's: a proximal term on the head alone."""
+
+    name = "fednew"
+
+    @dataclass
+    class Hparams:
+        mu: float = 0.5
+
+    def loss(self, state, server, x, y):
+        prox = sum(((state[k] - server[k]) ** 2).sum() for k in server if k.startswith("head."))
+        return F.cross_entropy(self.net.logits(state, x), y) + self.hp.mu / 2 * prox
+'''
+
+
+def invoke(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in res.output, res.output
+    return res
+
+
+@pytest.fixture
+def fednew(tmp_path) -> str:
+    """A method in a file of the user's, outside the repository."""
+    path = tmp_path / "mine" / "fednew.py"
+    path.parent.mkdir()
+    path.write_text(FEDNEW)
+    return f"{path}:FedNew"
+
+
+def test_a_method_from_a_file_runs_alike_under_both_executors_and_is_not_fedavg(fednew):
+    seq, _ = run_rounds(exact_config(fednew, executor="sequential"), 2)
+    vec, _ = run_rounds(exact_config(fednew, executor="vectorized"), 2)
+    assert_equal_states(seq, vec)
+    fedavg = reference_run("fedavg")
+    assert seq.server.keys() == fedavg.server.keys()
+    assert not torch.allclose(seq.server["head.weight"], fedavg.server["head.weight"])  # its loss term acts
+
+
+def test_the_template_runs_as_written_and_is_fedavg(tmp_path):
+    res = invoke("methods", "--template", "fed-new")
+    assert res.exit_code == 0
+    path = tmp_path / "fed_new.py"
+    path.write_text(res.output)
+    assert "class FedNew(Method)" in res.output and 'name = "fed-new"' in res.output
+    mine, _ = run_rounds(exact_config(f"{path}:FedNew", executor="sequential"), 2)
+    assert_equal_states(reference_run("fedavg"), mine)  # every hook spells out FedAvg's default
+
+
+def test_the_fedbn_example_keeps_batchnorm_local_under_both_executors():
+    cfg = dict(backbone=f"{ROOT}/examples/bn_cnn.py:build")
+    seq, _ = run_rounds(exact_config(f"{ROOT}/examples/fedbn.py:FedBN", executor="sequential", **cfg), 2)
+    vec, _ = run_rounds(exact_config(f"{ROOT}/examples/fedbn.py:FedBN", executor="vectorized", **cfg), 2)
+    assert_equal_states(seq, vec)
+    norms = [k for k in seq.clients if k.startswith(("body.1.", "body.4."))]  # the two BatchNorm layers
+    assert norms and not any(k in seq.server for k in norms) and "body.0.weight" in seq.server
+    fedavg, _ = run_rounds(exact_config("fedavg", executor="sequential", **cfg), 2)
+    assert "body.1.weight" in fedavg.server and not torch.allclose(fedavg.server["body.0.weight"], seq.server["body.0.weight"])
+
+
+def test_a_relative_method_path_is_recorded_absolute(tmp_path, fednew, monkeypatch):
+    monkeypatch.chdir(Path(fednew.rpartition(":")[0]).parent)
+    res = invoke("run", "./fednew.py:FedNew", *DIGITS, "--set", "mu=0.1", "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["method"] == fednew and cfg["hparams"] == {"mu": 0.1}
+    again = invoke("run", "./fednew.py:FedNew", "--resume", "--rounds", "2", "--out", tmp_path / "run")
+    assert again.exit_code == 0, again.output
+
+
+def test_an_installed_packages_method_is_listed_and_runs_by_name(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "fednew_pkg").mkdir(parents=True)
+    (site / "fednew_pkg" / "__init__.py").write_text(FEDNEW)
+    info = site / "fednew_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fednew-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[pfl_tuner.methods]\nfednew = fednew_pkg:FedNew\n")
+    monkeypatch.syspath_prepend(str(site))
+    listed = runner.invoke(app, ["methods"], env={"COLUMNS": "250"})
+    assert listed.exit_code == 0 and "fednew" in listed.output and "fednew_pkg:FedNew" in listed.output
+    res = invoke("run", "fednew", *DIGITS, "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fednew, monkeypatch):
+    import ray
+
+    monkeypatch.chdir(Path(fednew.rpartition(":")[0]).parent)  # relative paths, in the space file too, are from here
+    space = Path("fednew.yaml")
+    space.write_text(textwrap.dedent("""
+        method: ./fednew.py:FedNew
+        settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}
+        search:
+          mu: {loguniform: [0.01, 1.0]}
+        samples: 2
+    """))
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        res = invoke("sweep", "./fednew.py:FedNew", "--space", space, "--storage", tmp_path / "sweeps")
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 0, res.output
+    sweep = tmp_path / "sweeps" / "fednew"  # the space fednew.yaml of method fednew
+    results = [json.loads(line) for f in (sweep / "search").glob("*/result.json") for line in f.read_text().splitlines()]
+    assert len({r["trial_id"] for r in results}) == 2 and all(r["pid"] != os.getpid() for r in results)  # worker processes
+    out = invoke("report", sweep, "--out", tmp_path / "report")
+    assert out.exit_code == 0, out.output
+    runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
+    assert set(runs["title"]) == {"fednew"} and (runs["method"] == fednew).all()
+    assert "fednew" in (tmp_path / "report" / "best.md").read_text()
+
+
+def test_a_users_method_gets_its_own_row_in_a_paper_table_beside_the_baselines(tmp_path, fednew):
+    run = tmp_path / "runs" / "fednew"
+    run.mkdir(parents=True)  # a finished run in GPFL/FedCP's Fashion-MNIST Dir(0.1) cell, as `tuner run` writes it
+    cfg = RunConfig(method=fednew, dataset="fmnist", partition="dir:0.1", clients=20, rounds=2, backbone="cnn4", protocol="pfllib",
+                    lr=0.005, batch_size=10, local_epochs=1, momentum=0.0, weight_decay=0.0, normalize="half", augment=False,
+                    full_last_round=False, groups=5, hparams={"mu": 0.5})  # fmt: skip
+    run.joinpath("config.yaml").write_text(cfg.to_yaml())
+    pd.DataFrame({"round": [1, 2], "acc": [0.5, 0.9], "best_acc": [0.5, 0.9], "time_s": [1.0, 1.0]}).to_parquet(run / "metrics.parquet")
+    res = invoke("report", tmp_path / "runs", ROOT / "results" / "reproduction", "--out", tmp_path / "report")
+    assert res.exit_code == 0, res.output
+    tables = pd.read_parquet(tmp_path / "report" / "tables.parquet")
+    mine = tables[(tables["method"] == "fednew") & (tables["seeds"] > 0)]
+    assert len(mine) and mine["ours_mean"].tolist() == [90.0] * len(mine)
+    for table in set(mine["table"]):  # beside every baseline of that table
+        assert {"FedAvg", "FedPer"} <= set(tables.loc[tables["table"] == table, "method"])
+
+
+# ---------------------------------------------------------------- the user's data
+
+
+def write_clients(path: Path, n=480, clients=6, with_split=True, **overrides):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, n)
+    x = rng.normal(size=(n, 12)).astype(np.float32)
+    x[np.arange(n), y] += 3.0
+    columns = {"x": list(x), "y": y, "client": [f"hospital-{i % clients}" for i in range(n)]}
+    if with_split:
+        columns["split"] = np.where(np.arange(n) // clients % 4 == 0, "test", "train")  # a quarter of each client's
+    columns.update(overrides)
+    if path.suffix == ".npz":
+        np.savez(path, **{k: np.stack(v) if k == "x" else np.asarray(v) for k, v in columns.items()})
+    else:
+        pd.DataFrame(columns).to_parquet(path)
+    return path
+
+
+def test_a_parquet_file_with_its_own_clients_runs_as_they_are(tmp_path):
+    data = write_clients(tmp_path / "hospitals.parquet")
+    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "2", "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["clients"] == 6 and cfg["backbone"] == "mlp" and cfg["dataset"] == str(data)
+    sim = build_simulation(RunConfig(**cfg))
+    assert sim.data.train.counts == [60] * 6 and [len(y) for _, y in map(sim.data.test.client, range(6))] == [20] * 6
+    assert len(pd.read_parquet(tmp_path / "run" / "metrics.parquet")) == 2
+
+
+def test_a_file_without_clients_takes_any_partition_and_images_get_the_cnn(tmp_path):
+    rng = np.random.default_rng(1)
+    images = tmp_path / "images.npz"
+    np.savez(images, x=rng.integers(0, 256, (300, 1, 16, 16), dtype=np.uint8), y=rng.integers(0, 3, 300))
+    res = invoke("run", "fedper", "--dataset", images, "--partition", "dir:0.5", "--clients", "3", "--rounds", "1", "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["backbone"] == "cnn4"
+
+
+def test_pfllibs_generated_folders_are_read_as_their_clients(tmp_path):
+    rng = np.random.default_rng(2)
+    sizes = {"train": [40, 70, 25], "test": [10, 20, 8]}
+    for split, counts in sizes.items():
+        (tmp_path / "Cifar" / split).mkdir(parents=True)
+        for i, n in enumerate(counts):  # PFLlib's save_file: normalized float images, a pickled dict
+            data = {"x": rng.normal(size=(n, 3, 8, 8)).astype(np.float32), "y": rng.integers(0, 10, n)}
+            np.savez_compressed(tmp_path / "Cifar" / split / f"{i}.npz", data=data)
+    cfg = RunConfig(method="fedavg", dataset=str(tmp_path / "Cifar"), partition="natural", rounds=1).resolved()
+    assert cfg.clients == 3 and cfg.backbone == "mlp"  # 8x8 is too small for the CNN
+    sim = build_simulation(replace(cfg, batch_size=5))
+    assert sim.data.train.counts == sizes["train"]
+    assert math.isfinite(sim.step()["train_loss"])
+
+
+# ---------------------------------------------------------------- every mistake: one sentence, exit 2
+
+
+def bad_method(tmp_path: Path, source: str) -> str:
+    path = tmp_path / "bad.py"
+    path.write_text(textwrap.dedent(source))
+    return f"{path}:Bad"
+
+
+METHOD_MISTAKES = {
+    "not a Method": ("class Bad:\n    name = 'bad'\n", "subclass algorithms.Method"),
+    "no name": ("from algorithms import Method\nclass Bad(Method):\n    pass\n", "no name of its own"),
+    "a built-in's name": ("from algorithms import Method\nclass Bad(Method):\n    name = 'fedavg'\n", "like a built-in"),
+    "a hyperparameter without default": (
+        "from dataclasses import dataclass\nfrom algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n"
+        "    @dataclass\n    class Hparams:\n        mu: float\n", "mu has no default"),
+    "a file that does not import": ("import numpy\nraise RuntimeError('half-written')\n", "line 2: RuntimeError: half-written"),
+    "a syntax error": ("class Bad(:\n", "does not import: line 1"),
+    "a hook without its pass": ("from algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n    def begin_local(self, c, s, st, at):\n        return c\n",
+                                "does not declare Passes(begin_local=True)"),
+    "no such class": ("x = 1\n", "defines no 'Bad'"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(METHOD_MISTAKES))
+def test_a_mistaken_method_is_one_sentence(tmp_path, mistake):
+    source, words = METHOD_MISTAKES[mistake]
+    res = invoke("run", bad_method(tmp_path, source), *DIGITS, "--out", tmp_path / "run")
+    assert res.exit_code == 2 and words in res.output, res.output
+
+
+BACKBONE_MISTAKES = {
+    "no body": ("from torch import nn\ndef build(shape, k):\n    return nn.Linear(64, k)\n", "missing: body, head"),
+    "no feature_dim": ("from torch import nn\ndef build(shape, k):\n    m = nn.Module()\n    m.body, m.head = nn.Flatten(), nn.Linear(64, k)\n    return m\n",
+                       "needs feature_dim"),
+    "a wrong feature_dim": ("from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
+                            "    return Backbone(nn.Sequential(nn.Flatten(), nn.Linear(64, 32)), nn.Linear(32, k), feature_dim=16)\n", "not (16,)"),
+    "a head of the wrong size": ("from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
+                                 "    return Backbone(nn.Flatten(), nn.Linear(64, 3), feature_dim=64)\n", "not the data's 10 classes"),
+    "not a function": ("build = 3\n", "is not a function"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(BACKBONE_MISTAKES))
+def test_a_mistaken_backbone_is_one_sentence(tmp_path, mistake):
+    source, words = BACKBONE_MISTAKES[mistake]
+    (tmp_path / "model.py").write_text(source)
+    res = invoke("run", "fedavg", *DIGITS, "--set", f"backbone={tmp_path}/model.py:build", "--out", tmp_path / "run")
+    assert res.exit_code == 2 and words in res.output, res.output
+
+
+DATA_MISTAKES = {
+    "labels not integers": (dict(y=np.full(480, 0.5)), [], "integer class labels"),
+    "labels as words": (dict(y=["cat"] * 480), [], "integer class labels"),
+    "NaN in x": (dict(x=[np.full(12, np.nan)] * 480), [], "NaN"),
+    "shapes that differ": (dict(x=[np.zeros(12 if i else 5) for i in range(480)]), [], "every sample must have one shape"),
+    "a split of other values": (dict(split=["train", "validation"] * 240), [], "split holds 'validation'"),
+    "a client without training samples": (dict(split=["test" if i % 6 == 5 else "train" for i in range(480)]), ["--partition", "natural"],
+                                          "client hospital-5 has no training samples"),
+    "clients that contradict the data": ({}, ["--partition", "natural", "--clients", "4"], "holds 6 clients"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(DATA_MISTAKES))
+def test_mistaken_data_is_one_sentence(tmp_path, mistake):
+    columns, args, words = DATA_MISTAKES[mistake]
+    data = write_clients(tmp_path / "data.parquet", **columns)
+    res = invoke("run", "fedavg", "--dataset", data, *(args or ["--partition", "iid", "--clients", "3"]), "--rounds", "1", "--out", tmp_path / "run")
+    assert res.exit_code == 2 and words in res.output, res.output
+
+
+def test_other_data_mistakes_are_one_sentence(tmp_path):
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, x=np.zeros((60, 4), np.float32), y=np.arange(60) % 3)
+    (tmp_path / "half" / "train").mkdir(parents=True)
+    cases = [
+        (["--dataset", tmp_path / "missing.parquet"], "does not exist"),
+        (["--dataset", plain, "--partition", "natural"], "has no client column"),
+        (["--dataset", "digits", "--partition", "natural"], "digits names none"),
+        (["--dataset", tmp_path / "half"], "not a PFLlib dataset"),
+        (["--dataset", tmp_path / "broken.parquet"], "cannot be read as Parquet"),
+    ]
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    for args, words in cases:
+        res = invoke("run", "fedavg", *args, "--rounds", "1", "--out", tmp_path / "run")
+        assert res.exit_code == 2 and words in res.output, (args, res.output)
+    res = invoke("run", f"{ROOT}/examples/fedbn.py:FedBN", *DIGITS, "--out", tmp_path / "run")  # a backbone without BatchNorm
+    assert res.exit_code == 2 and "has none" in res.output, res.output

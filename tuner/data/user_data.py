@@ -1,0 +1,201 @@
+"""A user's own federated data: `--dataset PATH`.
+
+Three forms, each read into the pooled arrays every loader returns:
+
+- **Parquet** (`.parquet`): a column `x`, one feature vector or image array (channels, height,
+  width; or height, width for grey images) per row, as (nested) lists; an integer column `y`;
+  optionally `client` (any values: each distinct one is a client, in sorted order) and `split`
+  (`train` or `test`).
+- **NumPy** (`.npz`): arrays `x` (samples first), `y`, and optionally `client` and `split` of the
+  same meaning.
+- **PFLlib's generated folders**: `train/0.npz, 1.npz, ...` and `test/0.npz, ...`, each holding
+  PFLlib's pickled `data` dict of `x` and `y`, one file per client (what PFLlib's generators wrote
+  for the user's earlier results): read as a natural partition with its own train/test split.
+
+With a client column (or PFLlib's folders) `--partition natural` keeps the user's clients; any
+other partition re-splits the pooled samples. Images stored as uint8 are normalized like the
+built-in datasets; float inputs (PFLlib already normalized its images) are used as they are.
+Every way the data can be wrong is one sentence naming the file and what to fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from tuner.errors import UserError
+
+SUFFIXES = (".parquet", ".npz")
+SPLITS = ("train", "test")
+
+
+def is_user_data(name: str) -> bool:
+    """A path rather than a built-in dataset's name."""
+    return "/" in name or name.endswith(SUFFIXES) or name.startswith("~")
+
+
+def load_user_data(path: str | Path):
+    """The Dataset a file or folder holds (its `owners`/`is_train` set where the data says)."""
+    p = Path(path).expanduser().resolve()
+    stamp = (p, p.stat().st_mtime_ns) if p.exists() else None
+    if stamp in _LOADED:
+        return _LOADED[stamp]
+    if p.is_dir():
+        columns = _pfllib_folder(p)
+    elif p.suffix == ".parquet" and p.is_file():
+        columns = _parquet(p)
+    elif p.suffix == ".npz" and p.is_file():
+        columns = _npz(p)
+    elif not p.exists():
+        raise UserError(f"Dataset {p} does not exist; name a .parquet or .npz file, or a folder of PFLlib's train/ and test/ files.")
+    else:
+        raise UserError(f"Dataset {p} is neither a .parquet nor an .npz file nor a folder of PFLlib's train/ and test/ files.")
+    ds = _dataset(p, *columns)
+    _LOADED.clear()  # one dataset at a time: a sweep's trials all read the same one
+    _LOADED[stamp] = ds
+    return ds
+
+
+_LOADED: dict = {}
+
+
+def natural_clients(path: str | Path) -> int | None:
+    """How many clients the data holds (None: it names none)."""
+    ds = load_user_data(path)
+    return None if ds.owners is None else int(ds.owners.max()) + 1
+
+
+# ---------------------------------------------------------------- the three forms
+
+
+def _parquet(p: Path):
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise UserError(f"Dataset {p} cannot be read as Parquet ({e}); write it with pandas' to_parquet or pyarrow.") from None
+    missing = [c for c in ("x", "y") if c not in table.column_names]
+    if missing:
+        raise UserError(f"Dataset {p} has no column {missing[0]}; it needs x (one feature vector or image per row) and y (integer labels).")
+    x = _nested_lists(table.column("x").combine_chunks(), p)
+    get = lambda c: table.column(c).to_numpy(zero_copy_only=False) if c in table.column_names else None  # noqa: E731
+    return x, get("y"), get("client"), get("split")
+
+
+def _nested_lists(column: pa.Array, p: Path) -> np.ndarray:
+    """(N, d1, d2, ...) from a column of (nested) lists of equal lengths."""
+    shape = [len(column)]
+    while pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type):
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            row = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise UserError(f"Dataset {p}: the x of row {row} has {lengths[row]} values where row 0 has {lengths[0]}; every sample must have one shape.")
+        shape.append(int(lengths[0]) if len(lengths) else 0)
+        column = column.flatten()
+    if column.null_count:
+        raise UserError(f"Dataset {p}: x holds NaN or missing values; fill or drop those rows.")
+    return column.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def _npz(p: Path):
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except ValueError as e:
+        raise UserError(f"Dataset {p} holds Python objects, not plain arrays ({e}); save x, y, client and split as numeric or string arrays.") from None
+    except OSError as e:
+        raise UserError(f"Dataset {p} cannot be read as .npz ({e}).") from None
+    missing = [c for c in ("x", "y") if c not in arrays]
+    if missing:
+        raise UserError(f"Dataset {p} has no array {missing[0]}; it needs x (samples first) and y (integer labels).")
+    return arrays["x"], arrays["y"], arrays.get("client"), arrays.get("split")
+
+
+def _pfllib_folder(p: Path):
+    files = {s: sorted((p / s).glob("*.npz"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1) for s in SPLITS}
+    if not files["train"] or not files["test"]:
+        raise UserError(f"Folder {p} is not a PFLlib dataset: it needs train/ and test/ folders of per-client files 0.npz, 1.npz, ...")
+    names = {s: [f.stem for f in files[s]] for s in SPLITS}
+    if names["train"] != names["test"] or names["train"] != [str(i) for i in range(len(files["train"]))]:
+        raise UserError(f"Folder {p}: train/ and test/ must hold the same clients' files 0.npz ... N-1.npz; found {names['train'][:5]} and {names['test'][:5]}.")
+    xs, ys, owners, splits = [], [], [], []
+    for split in SPLITS:
+        for client, f in enumerate(files[split]):
+            x, y = _pfllib_client(f)
+            xs.append(x)
+            ys.append(y)
+            owners.append(np.full(len(y), client))
+            splits.append(np.full(len(y), split))
+    shapes = {x.shape[1:] for x in xs}
+    if len(shapes) > 1:
+        raise UserError(f"Folder {p}: clients' samples have different shapes {sorted(shapes)}; every sample must have one shape.")
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(owners), np.concatenate(splits)
+
+
+def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
+    """PFLlib's utils/dataset_utils.py save_file: np.savez_compressed(path, data={'x': ..., 'y': ...})."""
+    try:
+        with np.load(f, allow_pickle=True) as z:  # PFLlib pickles a dict; the user's own files
+            data = z["data"].tolist()
+        return np.asarray(data["x"]), np.asarray(data["y"])
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        raise UserError(f"{f} is not one of PFLlib's client files (a 'data' dict of x and y): {type(e).__name__}: {e}") from None
+
+
+# ---------------------------------------------------------------- checks, and the Dataset
+
+
+def _dataset(p: Path, x: np.ndarray, y, client, split):
+    from tuner.data.datasets import Dataset
+
+    if y is None or len(y) != len(x):
+        raise UserError(f"Dataset {p}: x has {len(x)} samples but y has {0 if y is None else len(y)} labels.")
+    if len(x) == 0:
+        raise UserError(f"Dataset {p} holds no samples.")
+    y = _labels(np.asarray(y), p)
+    if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+        raise UserError(f"Dataset {p}: x must hold numbers, not {x.dtype}.")
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        row = int(np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))[0])
+        raise UserError(f"Dataset {p}: x holds NaN or infinite values (first in row {row}); fill or drop them.")
+    if x.ndim == 3:  # (N, H, W): grey images
+        x = x[:, None]
+    if x.ndim not in (2, 4):
+        raise UserError(f"Dataset {p}: each x must be a feature vector or an image (channels, height, width), not shape {x.shape[1:]}.")
+    image = x.ndim == 4
+    tensor = torch.from_numpy(np.ascontiguousarray(x if x.dtype == np.uint8 else x.astype(np.float32)))
+    owners = is_train = None
+    if client is not None:
+        owners = pd.factorize(np.asarray(client), sort=True)[0].astype(np.int64)
+    if split is not None:
+        split = np.asarray(split).astype(str)
+        other = sorted(set(np.unique(split)) - set(SPLITS))
+        if other:
+            raise UserError(f"Dataset {p}: split holds '{other[0]}'; its values must be train or test.")
+        is_train = split == "train"
+        if owners is not None:
+            empty = [c for c in range(owners.max() + 1) if not is_train[owners == c].any()]
+            if empty:
+                raise UserError(f"Dataset {p}: client {_client_name(client, empty[0])} has no training samples; give it some or drop it.")
+    return Dataset(name=p.stem, x=tensor, y=torch.from_numpy(y), num_classes=int(y.max()) + 1, kind="image" if image else "signal",
+                   owners=owners, is_train=is_train)  # fmt: skip
+
+
+def _labels(y: np.ndarray, p: Path) -> np.ndarray:
+    if y.dtype == bool or not np.issubdtype(y.dtype, np.number):
+        raise UserError(f"Dataset {p}: y must hold integer class labels 0, 1, ..., not {y.dtype} values.")
+    if np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y).all() and (y == np.round(y)).all()):
+        raise UserError(f"Dataset {p}: y must hold integer class labels, not fractions or NaN (first in row {int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])}).")
+    y = y.astype(np.int64)
+    if y.min() < 0:
+        raise UserError(f"Dataset {p}: y holds the negative label {y.min()}; number classes 0, 1, ...")
+    return y
+
+
+def _client_name(client, index: int) -> str:
+    return str(pd.factorize(np.asarray(client), sort=True)[1][index])
