@@ -124,9 +124,10 @@ def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fe
 
     monkeypatch.chdir(Path(fednew.rpartition(":")[0]).parent)  # relative paths, in the space file too, are from here
     space = Path("fednew.yaml")
+    Path("model.py").write_text("from tuner.models import mlp\n\ndef build(shape, classes):\n    return mlp(shape, classes)\n")
     space.write_text(textwrap.dedent("""
         method: ./fednew.py:FedNew
-        settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}
+        settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential, backbone: ./model.py:build}
         search:
           mu: {loguniform: [0.01, 1.0]}
         samples: 2
@@ -144,6 +145,7 @@ def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fe
     assert out.exit_code == 0, out.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
     assert set(runs["title"]) == {"fednew"} and (runs["method"] == fednew).all()
+    assert (runs["backbone"] == str(Path("model.py").resolve()) + ":build").all()  # found by trials in their own directories
     assert "fednew" in (tmp_path / "report" / "best.md").read_text()
 
 

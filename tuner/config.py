@@ -248,6 +248,19 @@ def user_path(path: str | Path) -> Path:
     return Path(path).expanduser().resolve()
 
 
+def absolute_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings that name files (a user's dataset or backbone, data_dir) with their paths made absolute
+    where the user typed them: a Ray trial reads its settings in a working directory of its own."""
+    out = dict(settings)
+    if isinstance(out.get("dataset"), str) and is_user_data(out["dataset"]):
+        out["dataset"] = str(user_path(out["dataset"]))
+    if isinstance(out.get("backbone"), str):
+        out["backbone"] = canonical(out["backbone"])
+    if out.get("data_dir"):
+        out["data_dir"] = str(user_path(out["data_dir"]))
+    return out
+
+
 def parse_set(pairs: list[str]) -> dict[str, Any]:
     out = {}
     for pair in pairs:

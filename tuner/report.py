@@ -227,7 +227,7 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
     for experiment, trials in search.groupby("experiment", sort=True):
         sweep_dir = Path(experiment).parent
         scored = trials[trials["selected_acc"].notna()]
-        row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["method"].iloc[0], "trials": len(trials),
+        row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
                "failed": int((trials["failed"] != "").sum()), "stopped_early": int((trials["rounds_run"] < trials["rounds_planned"]).sum())}  # fmt: skip
         if not scored.empty:
             best = scored.loc[scored["selected_acc"].idxmax()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner import papers
-from tuner.config import user_path
+from tuner.config import absolute_settings, user_path
 from tuner.errors import UserError
 
 
@@ -61,7 +61,8 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
 
     from tuner.sweep import run_stage, seed_grid, stoppers
 
-    todo, skipped = cells(table, datasets, methods, (settings or {}).get("data_dir"))
+    settings = absolute_settings(settings or {})
+    todo, skipped = cells(table, datasets, methods, settings.get("data_dir"))
     if not todo:
         raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
     paper_name = papers.TABLES[table].paper
@@ -69,7 +70,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     sweep_dir = user_path(storage) / table  # absolute before Ray sees it
     if not resume and (sweep_dir / "reproduce").exists():
         raise UserError(f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage.")
-    base = {"rounds": rounds, **(settings or {})}
+    base = {"rounds": rounds, **settings}
     run_stage(
         sweep_dir, "reproduce", base, "test", 1, res,
         param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},

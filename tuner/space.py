@@ -27,7 +27,7 @@ from typing import Any
 
 import optuna
 
-from tuner.config import RunConfig, apply_settings, read_mapping
+from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
 
@@ -123,7 +123,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     clash = search_names & set(settings or {})
     if clash:
         raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
-    settings = {**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings"), **(settings or {})}
+    settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings"), **(settings or {})})
     base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
     search_spec = _mapping(data.get("search"), where, "search")
     if not search_spec:
