@@ -308,3 +308,14 @@ def test_other_data_mistakes_are_one_sentence(tmp_path):
         assert res.exit_code == 2 and words in res.output, (args, res.output)
     res = invoke("run", f"{ROOT}/examples/fedbn.py:FedBN", *DIGITS, "--out", tmp_path / "run")  # a backbone without BatchNorm
     assert res.exit_code == 2 and "has none" in res.output, res.output
+
+
+def test_reproduce_runs_a_users_method_in_every_setting_of_a_table(fednew, monkeypatch):
+    from tuner import reproduce
+
+    monkeypatch.setattr(reproduce, "_available", lambda dataset, data_dir: True)
+    table, _ = reproduce.cells("gpfl-table1", ["fmnist"])
+    mine, _ = reproduce.cells("gpfl-table1", ["fmnist"], [fednew])
+    settings = lambda cells: [{k: v for k, v in c.items() if k != "method"} for c in cells]  # noqa: E731
+    assert {c["method"] for c in mine} == {fednew}
+    assert sorted(map(str, settings(mine))) == sorted(set(map(str, settings(table))))  # each of the table's settings, once

@@ -190,7 +190,7 @@ def reproduce(
     vary_partition: bool = typer.Option(False, help="Give each seed its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     rounds: Optional[int] = typer.Option(None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."),
     dataset: list[str] = typer.Option([], help="Only these datasets (repeatable), e.g. --dataset fmnist."),
-    method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl."),
+    method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl; one of your own (--method ./mine.py:FedNew) runs in every setting of the table."),
     patience: Optional[int] = typer.Option(None, help="Stop a run whose best round is more than this many rounds old."),
     set_: list[str] = typer.Option([], "--set", help="Settings for every cell as name=value, e.g. eval_gap=5 or executor=sequential."),
     storage: Path = typer.Option(Path("results/reproduce"), callback=absolute, help="Directory for the experiment (one every node can see on a cluster)."),

@@ -15,9 +15,16 @@ from tuner.errors import UserError
 
 
 def cells(table: str, datasets: list[str] | None = None, methods: list[str] | None = None, data_dir: str | None = None) -> tuple[list[dict], list[str]]:
-    """The runnable cells of `table`, and a sentence for each cell or method left out."""
+    """The runnable cells of `table`, and a sentence for each cell or method left out. A method of one's
+    own among `methods` (a file, module or installed name) runs in every data setting of the table."""
+    from algorithms import METHODS
+    from tuner.plugins import canonical, method_class
+
     if table not in papers.TABLES:
         raise UserError(f"Unknown table '{table}'; choose one of {', '.join(papers.TABLES)}.")
+    own = [canonical(m) for m in methods or [] if m not in METHODS]
+    for m in own:
+        method_class(m)  # checked before anything runs
     paper_name, table_name = papers.TABLES[table].paper, papers.TABLES[table].name
     published = papers.load_tables()
     rows = published[(published["paper"] == paper_name) & (published["table"] == table_name)]
@@ -30,8 +37,8 @@ def cells(table: str, datasets: list[str] | None = None, methods: list[str] | No
         method = papers.method_of(paper_name, r.method)
         if method is None:
             skipped.append(f"{r.method}: not implemented")
-            continue
-        if methods and method not in methods:
+        wanted = own + ([method] if method is not None and (not methods or method in methods) else [])
+        if not wanted:
             continue
         if dataset not in available:
             available[dataset] = _available(dataset, data_dir)
@@ -39,8 +46,9 @@ def cells(table: str, datasets: list[str] | None = None, methods: list[str] | No
                 skipped.append(f"{r.dataset}: {available[dataset]}")
         if available[dataset] is not True:
             continue
-        out.append({"method": method, "dataset": dataset, "partition": papers.partition_of(r), "clients": int(r.num_clients),
-                    "join_ratio": str(r.join_ratio), "backbone": r.backbone, "protocol": papers.PAPERS[paper_name].protocol})  # fmt: skip
+        setting = {"dataset": dataset, "partition": papers.partition_of(r), "clients": int(r.num_clients), "join_ratio": str(r.join_ratio),
+                   "backbone": r.backbone, "protocol": papers.PAPERS[paper_name].protocol}  # fmt: skip
+        out += [cell for cell in ({"method": m, **setting} for m in wanted) if cell not in out]
     return out, sorted(set(skipped))
 
 
