@@ -175,7 +175,7 @@ def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed
     from tuner.report import find_runs, paper_cell, paper_tables, summarize
 
     root = Path(__file__).resolve().parents[1]
-    runs = find_runs([root / "results" / "reproduction"])
+    runs, _ = find_runs([root / "results" / "reproduction"])
     summaries = pd.DataFrame([summarize(r, None) for r in runs]).assign(cell=[paper_cell(r["config"]) for r in runs])
     tables = paper_tables(summaries, load_tables())
     columns = {"dir:0.1": "FMNIST practical β=0.1", "pat:2": "FMNIST pathological", "pac:20": "FMNIST dominant_s20"}

@@ -233,6 +233,8 @@ def report(
     from tuner.report import report as build_report
 
     result = build_report(results, out, select)
+    for line in result["unreadable"]:
+        err.print(f"skipped {line}", highlight=False, soft_wrap=True, markup=False)
     console.print(f"{result['runs']} runs ({result['failed']} failed); {result['note']}")
     if result["unselectable"]:
         err.print(f"{result['unselectable']} runs have no accuracy to select by ({'validation' if select == 'val' else 'no evaluated round'}) and are left out of the tables.")

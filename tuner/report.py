@@ -22,6 +22,7 @@ from tuner import papers
 from tuner.config import RunConfig, trial_config
 from tuner.run import RunDir, selection
 from tuner.errors import UserError
+from tuner.files import write_atomic, write_text_atomic
 from tuner.plugins import is_variant, method_title
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
@@ -31,36 +32,65 @@ FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be sea
 
 
 # --- collecting
-def find_runs(paths: list[Path]) -> list[dict]:
-    """Every run under `paths`: its stage, its RunConfig and its per-round rows."""
-    runs = []
+UNREADABLE = (ValueError, OSError, KeyError, TypeError, yaml.YAMLError, UserError)  # damaged, truncated, or naming what is gone
+
+
+def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """Every run under `paths` (its stage, RunConfig and per-round rows), and one line for each file that
+    could not be read (truncated by a kill, a full disk, a method file that is gone): skipped, not fatal."""
+    runs, unreadable = [], []
+
+    def read(what: Path, load):
+        try:
+            return load()
+        except UNREADABLE as e:
+            unreadable.append(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            return None
+
     for root in paths:
         if not root.exists():
             raise UserError(f"{root} does not exist; name a run directory, a sweep or a folder holding them.")
         for config in sorted(root.rglob("config.yaml")):
             run_dir = RunDir(config.parent)
             if run_dir.metrics.exists():
-                runs.append({"run": str(run_dir.path), "stage": "run", "experiment": "", "select": "test",
-                             "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})  # fmt: skip
+                run = read(run_dir.path, lambda: {"run": str(run_dir.path), "stage": "run", "experiment": "", "select": "test",
+                                                  "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})  # fmt: skip
+                runs += [run] if run else []
         for experiment in sorted(root.rglob("experiment.yaml")):
-            info = yaml.safe_load(experiment.read_text())
-            for params in sorted(experiment.parent.glob("*/params.json")):
-                rows = _trial_rows(params.parent / "result.json")
-                if rows.empty:
-                    continue
-                sampled = json.loads(params.read_text())
-                runs.append({"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows,
-                             "select": info.get("select", "test"),
-                             "config": trial_config(info["settings"], sampled), "searched": list(sampled) if info["stage"] == "search" else []})  # fmt: skip
+            info = read(experiment, lambda: _experiment_info(experiment))
+            for params in sorted(experiment.parent.glob("*/params.json")) if info else []:
+                run = read(params.parent, lambda: _trial(params, experiment, info))
+                runs += [run] if run else []
     if not runs:
-        raise UserError(f"No runs found under {', '.join(map(str, paths))}; point at `tuner run` or `tuner sweep` results.")
-    return runs
+        problem = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
+        raise UserError(f"No readable runs under {', '.join(map(str, paths))}{problem}; point at `tuner run` or `tuner sweep` results.")
+    return runs, unreadable
+
+
+def _experiment_info(path: Path) -> dict:
+    info = yaml.safe_load(path.read_text())
+    if not isinstance(info, dict) or "stage" not in info or "settings" not in info:
+        raise ValueError("not an experiment description written by tuner sweep")
+    return info
+
+
+def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
+    rows = _trial_rows(params.parent / "result.json")
+    if rows.empty:  # not started yet
+        return None
+    sampled = json.loads(params.read_text())
+    return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
+            "config": trial_config(info["settings"], sampled), "searched": list(sampled) if info["stage"] == "search" else []}  # fmt: skip
 
 
 def _trial_rows(result_json: Path) -> pd.DataFrame:
     if not result_json.exists():
         return pd.DataFrame()
-    rows = [json.loads(line) for line in result_json.read_text().splitlines() if line.strip()]
+    lines = [line for line in result_json.read_text().splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in lines]
+    except json.JSONDecodeError:  # a kill mid-write cuts the last line: the rows before it stand
+        rows = [json.loads(line) for line in lines[:-1]]
     df = pd.DataFrame(rows)
     if df.empty or "round" not in df:
         return pd.DataFrame()
@@ -275,7 +305,7 @@ def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
         ax.grid(alpha=0.3)
         path = out / f"curves-{dataset}-{partition.replace(':', '')}-{clients}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
         plt.close(fig)
         files.append(path)
     return files
@@ -306,7 +336,7 @@ def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
         fig.suptitle(f"sweep {name}")
         fig.tight_layout()
         path = out / f"sweep-{name}.png"
-        fig.savefig(path, dpi=120)
+        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
         plt.close(fig)
         files.append(path)
     return files
@@ -321,30 +351,30 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
     """`select` None: each run by its own rule (its sweep's `select`; best test round for runs and reproductions)."""
     if select not in (None, "test", "val"):
         raise UserError(f"--select must be test or val, not {select!r}.")
-    runs = find_runs(paths)
+    runs, unreadable = find_runs(paths)
     out.mkdir(parents=True, exist_ok=True)
     per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
     per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
     summaries = pd.DataFrame([summarize(r, select) for r in runs])
     summaries["cell"] = [paper_cell(r["config"]) for r in runs]
     tables = paper_tables(summaries, papers.load_tables())
-    per_round.to_parquet(out / "rounds.parquet", index=False)
-    summaries.drop(columns="cell").to_parquet(out / "runs.parquet", index=False)
+    write_atomic(out / "rounds.parquet", lambda p: per_round.to_parquet(p, index=False))
+    write_atomic(out / "runs.parquet", lambda p: summaries.drop(columns="cell").to_parquet(p, index=False))
     written = [out / "rounds.parquet", out / "runs.parquet"]
     rules = sorted(set(summaries["selected_by"]))
     note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
     if not tables.empty:
-        tables.to_parquet(out / "tables.parquet", index=False)
-        (out / "tables.md").write_text(note + render(tables, "markdown"))
-        (out / "tables.tex").write_text(render(tables, "latex"))
+        write_atomic(out / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
+        write_text_atomic(out / "tables.md", note + render(tables, "markdown"))
+        write_text_atomic(out / "tables.tex", render(tables, "latex"))
         written += [out / "tables.parquet", out / "tables.md", out / "tables.tex"]
     best = best_configs(runs, summaries)
     if not best.empty:
-        best.to_parquet(out / "best.parquet", index=False)
-        (out / "best.md").write_text(note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
+        write_atomic(out / "best.parquet", lambda p: best.to_parquet(p, index=False))
+        write_text_atomic(out / "best.md", note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
         written += [out / "best.parquet", out / "best.md"]
     written += plot_curves(runs, summaries, out) + plot_sweeps(runs, summaries, out)
     missing = int(summaries["selected_acc"].isna().sum())
-    return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing,
+    return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing, "unreadable": unreadable,
             "tables": tables, "best": best, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
 

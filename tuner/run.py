@@ -26,6 +26,7 @@ from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
 from tuner.executors import EngineSettings
 from tuner.errors import UserError
+from tuner.files import write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
 
@@ -140,7 +141,7 @@ class RunDir:
 
     def write_config(self, cfg: RunConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(cfg.to_yaml())
+        write_text_atomic(self.config, cfg.to_yaml())
 
     def read_config(self) -> RunConfig:
         if not self.config.exists():
@@ -149,21 +150,15 @@ class RunDir:
 
     def write_metrics(self, history: list[dict]) -> None:
         if history:
-            _atomic(self.metrics, lambda p: pd.DataFrame(history).to_parquet(p, index=False))
+            write_atomic(self.metrics, lambda p: pd.DataFrame(history).to_parquet(p, index=False))
 
     def save(self, sim: Simulation) -> None:
-        _atomic(self.checkpoint, lambda p: torch.save(sim.state_dict(), p))
+        write_atomic(self.checkpoint, lambda p: torch.save(sim.state_dict(), p))
 
     def load(self, sim: Simulation) -> None:
         if not self.checkpoint.exists():
             raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
         sim.load_state_dict(torch.load(self.checkpoint, weights_only=False))
-
-
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None) -> Simulation:

@@ -34,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tuner.config import apply_settings, trial_config, user_path
 from tuner.run import selection
 from tuner.errors import DivergedError, Interrupted, UserError
+from tuner.files import write_atomic, write_text_atomic
 from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
@@ -72,7 +73,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         metrics = {**placement, **row, **selection(sim.history, select)}
         if checkpoint_due:
             with tempfile.TemporaryDirectory() as d:
-                torch.save(sim.state_dict(), Path(d) / CHECKPOINT_FILE)
+                write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
         else:
             tune.report(metrics)
@@ -199,10 +200,36 @@ def quiet(verbose: bool) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def check_request(res: Resources) -> None:
+    """What a trial asks for, checked before Ray starts (Ray waits for ever on a request no node can meet)."""
+    if not res.cpus_per_trial > 0:
+        raise UserError(f"--cpus-per-trial must be positive, not {res.cpus_per_trial:g}.")
+    gpus = res.gpus_per_trial
+    if gpus is not None and (gpus < 0 or (gpus > 1 and not float(gpus).is_integer())):
+        raise UserError(f"--gpus-per-trial must be 0, a fraction of one GPU (0.5) or a whole number of GPUs, not {gpus:g}.")
+    if res.max_concurrent is not None and res.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, not {res.max_concurrent}.")
+
+
+def check_fits(request: dict[str, float]) -> None:
+    """A trial must fit on one node of the cluster (once connected): else it would never be placed."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if any(n.get("CPU", 0) >= request["cpu"] and n.get("GPU", 0) >= request["gpu"] for n in nodes):
+        return
+    largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    raise UserError(
+        f"No node of the Ray cluster has {request['cpu']:g} CPUs and {request['gpu']:g} GPUs for one trial (the largest has "
+        f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs); lower --cpus-per-trial or --gpus-per-trial."
+    )
+
+
 def start_ray(res: Resources) -> None:
     import ray
 
     quiet(res.verbose)
+    check_request(res)
     _check_reachable(res.address)
     if ray.is_initialized():
         return
@@ -244,7 +271,7 @@ def trial_resources(res: Resources) -> dict[str, float]:
 def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
     path.mkdir(parents=True, exist_ok=True)
     info = {"stage": stage, "select": select, "settings": base, **extra}
-    (path / EXPERIMENT_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
+    write_text_atomic(path / EXPERIMENT_FILE, yaml.safe_dump(info, sort_keys=False))
 
 
 def run_stage(
@@ -255,9 +282,9 @@ def run_stage(
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     start_ray(res)
     path = sweep_dir / stage
-    trainable = tune.with_resources(
-        tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every), trial_resources(res)
-    )
+    request = trial_resources(res)
+    check_fits(request)
+    trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every), request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
     else:
@@ -336,7 +363,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
         )  # fmt: skip
         accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
         summary["seeds"] = accs
-    (sweep_dir / "summary.yaml").write_text(yaml.safe_dump(_plain(summary), sort_keys=False))
+    write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
     return summary
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from tuner.data.federated import FederatedData
+from tuner.files import write_atomic
 
 
 def draw_partition(data: FederatedData, out: Path, title: str) -> None:
@@ -28,7 +29,7 @@ def draw_partition(data: FederatedData, out: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    write_atomic(out, lambda p: fig.savefig(p, dpi=120, format="png"))
     plt.close(fig)
 
 

@@ -1,0 +1,25 @@
+"""Every file the tool writes is written whole or not at all: into a temporary file beside it, then
+renamed over it (atomic on POSIX filesystems), so a kill, a full disk or an error mid-write leaves
+the previous version in place and never half a file for `tuner report` or a resume to trip over."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary file, which then replaces `path`; on any failure it is removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never share one
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda p: p.write_text(text))
