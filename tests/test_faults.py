@@ -1,8 +1,12 @@
 """What a long sweep meets: damaged results, interrupted writes, impossible resource requests.
 Each ends in one sentence and loses nothing already written."""
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -88,3 +92,72 @@ def test_more_than_any_node_has_is_one_sentence_not_a_hang(tmp_path):
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)  # it hung for ever before
     assert res.returncode == 2, res.stdout + res.stderr
     assert "No node of the Ray cluster has 64 CPUs" in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr
+
+
+def _rows(trial_dir: Path) -> list[dict]:
+    """The rows of a trial's result.json that are whole (Tune may be writing the last one)."""
+    rows = []
+    for line in (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_whose_worker_is_killed_goes_on_from_its_checkpoint(tmp_path):
+    space = tmp_path / "oom.yaml"  # rounds of 10 local epochs (~2 s): the kill lands between two checkpoints
+    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 6, checkpoint_every: 2, local_epochs: 10, executor: sequential}\n"
+                     "search:\n  lr: {grid: [0.05]}\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    experiment, deadline = tmp_path / "fedavg-oom" / "search", time.monotonic() + 240
+    while True:  # the event: a checkpoint is written and the next round is under way
+        trial = next((d for d in experiment.glob("federated_trial_*") if list(d.glob("checkpoint_*"))), None) if experiment.exists() else None
+        rows = _rows(trial) if trial else []
+        if rows and 2 <= rows[-1]["round"] < 6:
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended or never checkpointed mid-way"
+        time.sleep(0.2)
+    os.kill(rows[-1]["pid"], signal.SIGKILL)  # as the kernel's OOM killer would
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    rows = _rows(trial)
+    rounds = [r["round"] for r in rows]
+    assert rounds[-1] == 6 and rounds.count(1) == 1 and set(rounds) == set(range(1, 7))  # went on from the checkpoint, not round 1
+    assert len({r["pid"] for r in rows}) == 2  # in a second worker
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+    import torch
+
+    from simulations import digits
+    from tuner.run import build_simulation
+    from tuner.sweep import CHECKPOINT_FILE, restore
+
+    sim = build_simulation(digits("fedavg", rounds=3))
+    for name in ("checkpoint_000000", "checkpoint_000001"):
+        sim.step()
+        (tmp_path / name).mkdir()
+        torch.save(sim.state_dict(), tmp_path / name / CHECKPOINT_FILE)
+    damaged = tmp_path / "checkpoint_000001" / CHECKPOINT_FILE
+    damaged.write_bytes(damaged.read_bytes()[:200])  # cut by a kill or a full disk
+    fresh = build_simulation(digits("fedavg", rounds=3))
+    restore(fresh, type("Checkpoint", (), {"path": str(tmp_path / "checkpoint_000001")})())
+    assert fresh.round == 1  # the state of the checkpoint before
+    assert "resumed from checkpoint_000000" in capsys.readouterr().err
+    (tmp_path / "checkpoint_000000" / CHECKPOINT_FILE).write_bytes(b"")
+    fresh = build_simulation(digits("fedavg", rounds=3))
+    restore(fresh, type("Checkpoint", (), {"path": str(tmp_path / "checkpoint_000001")})())
+    assert fresh.round == 0 and "starts again from round 1" in capsys.readouterr().err
+
+
+def test_resuming_a_run_from_a_damaged_checkpoint_is_one_sentence(tmp_path):
+    res = invoke("run", "fedavg", *DIGITS, "--out", tmp_path)
+    assert res.exit_code == 0, res.output
+    (tmp_path / "checkpoint.pt").write_bytes(b"\x80\x02 cut")
+    res = invoke("run", "fedavg", "--resume", "--rounds", "3", "--out", tmp_path)
+    assert res.exit_code == 2 and "cannot be read" in res.output and "rerun without --resume" in res.output, res.output
+    assert len(pd.read_parquet(tmp_path / "metrics.parquet")) == 2  # the rows stay

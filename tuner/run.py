@@ -158,7 +158,11 @@ class RunDir:
     def load(self, sim: Simulation) -> None:
         if not self.checkpoint.exists():
             raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
-        sim.load_state_dict(torch.load(self.checkpoint, weights_only=False))
+        try:
+            state = torch.load(self.checkpoint, weights_only=False)
+        except Exception as e:  # unpickling a damaged file raises anything
+            raise UserError(f"{self.checkpoint} cannot be read ({type(e).__name__}); the rows so far are in {self.metrics}: rerun without --resume.") from None
+        sim.load_state_dict(state)
 
 
 def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None) -> Simulation:

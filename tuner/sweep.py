@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import socket
 import tempfile
 import threading
@@ -39,6 +40,9 @@ from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
 CHECKPOINT_FILE = "simulation.pt"
+# A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint
+# this many times before it is recorded as failed; a diverging run diverges again and fails the same way.
+TRIAL_RETRIES = 2
 
 
 # --- one trial
@@ -58,8 +62,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     sim = build_simulation(cfg)
     checkpoint = tune.get_checkpoint()
     if checkpoint:
-        with checkpoint.as_directory() as d:
-            sim.load_state_dict(torch.load(Path(d) / CHECKPOINT_FILE, weights_only=False))
+        restore(sim, checkpoint)
     placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
     while sim.round < cfg.rounds:
         try:
@@ -77,6 +80,26 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
         else:
             tune.report(metrics)
+
+
+def restore(sim, checkpoint) -> None:
+    """The trial's latest checkpoint, or, where it cannot be read (damaged by a kill or a full disk), the one
+    before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1."""
+    import torch
+
+    latest = Path(checkpoint.path)
+    older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)
+    for candidate in [latest, *older]:
+        try:
+            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=False)
+        except Exception as e:  # unpickling a damaged file raises anything
+            print(f"checkpoint {candidate} cannot be read ({type(e).__name__}: {e}); trying the one before", file=sys.stderr, flush=True)
+            continue
+        sim.load_state_dict(state)
+        if candidate != latest:
+            print(f"resumed from {candidate.name}, the checkpoint before the damaged one", file=sys.stderr, flush=True)
+        return
+    print("no checkpoint of this trial can be read; it starts again from round 1", file=sys.stderr, flush=True)
 
 
 # --- stopping rules besides ASHA
@@ -299,7 +322,7 @@ def run_stage(
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                failure_config=tune.FailureConfig(max_failures=0),
+                failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
     grid = tuner.fit()
