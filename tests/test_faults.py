@@ -161,3 +161,52 @@ def test_resuming_a_run_from_a_damaged_checkpoint_is_one_sentence(tmp_path):
     res = invoke("run", "fedavg", "--resume", "--rounds", "3", "--out", tmp_path)
     assert res.exit_code == 2 and "cannot be read" in res.output and "rerun without --resume" in res.output, res.output
     assert len(pd.read_parquet(tmp_path / "metrics.parquet")) == 2  # the rows stay
+
+
+def test_a_folder_that_cannot_be_written_is_one_sentence_before_any_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    res = invoke("run", "fedavg", *DIGITS, "--out", blocker / "run")
+    assert res.exit_code == 2 and "Cannot write to the run folder" in res.output, res.output
+    res = invoke("sweep", "gpfl", "--space", ROOT / "search_spaces" / "demo.yaml", "--storage", blocker)
+    assert res.exit_code == 2 and "Cannot write to the sweep's storage" in res.output, res.output
+
+
+def test_a_disk_that_fills_mid_run_is_one_sentence_and_keeps_the_rows(tmp_path, monkeypatch):
+    import errno
+
+    from tuner import run as run_module
+
+    res = invoke("run", "fedavg", *DIGITS, "--out", tmp_path, "--set", "checkpoint_every=1")
+    assert res.exit_code == 0, res.output
+    real = run_module.RunDir.save
+
+    def full_disk(self, sim):
+        if sim.round >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.checkpoint))
+        real(self, sim)
+
+    monkeypatch.setattr(run_module.RunDir, "save", full_disk)
+    res = invoke("run", "fedavg", "--resume", "--rounds", "4", "--out", tmp_path)
+    assert res.exit_code == 2 and "No space left on device" in res.output and "free space" in res.output, res.output
+    rounds = pd.read_parquet(tmp_path / "metrics.parquet")["round"].tolist()
+    assert rounds == [1, 2, 3]  # the round finished before the disk filled is kept
+
+
+def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence():
+    import torch
+
+    from simulations import digits
+    from tuner.errors import OutOfMemory
+    from tuner.run import build_simulation
+
+    executor = build_simulation(digits("fedavg", clients=4)).executor
+    tried = []
+
+    def never_fits(part):
+        tried.append(len(part))
+        raise torch.cuda.OutOfMemoryError("simulated")
+
+    with pytest.raises(OutOfMemory, match="one client at a time"):
+        executor.chunked(4, never_fits)
+    assert tried == [4, 2, 1]  # halved as far as it goes first

@@ -37,6 +37,12 @@ def user_errors(fn):
         except UserError as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
+        except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
+            if e.filename is None:
+                raise
+            err.print(f"[bold red]error:[/] cannot write or read {e.filename} ({e.strerror}); free space or choose another folder. "
+                      "Files written before stay whole (every write replaces a file at once).", highlight=False, soft_wrap=True)  # fmt: skip
+            raise typer.Exit(2) from None
 
     return wrapper
 

@@ -13,6 +13,12 @@ class DivergedError(UserError):
     exit_code = 3
 
 
+class OutOfMemory(UserError):
+    """The GPU cannot hold even one client's training; halving the cohort chunk went as far as it can."""
+
+    exit_code = 4
+
+
 class Interrupted(UserError):
     """Ctrl-C or SIGTERM stopped a sweep; its state is saved and --resume continues it."""
 

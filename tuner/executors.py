@@ -17,6 +17,7 @@ from algorithms.base import Method, Phase, Round, State
 from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
 from tuner.draws import augment_seed, batch_schedule
+from tuner.errors import OutOfMemory
 
 EXECUTORS = ("vectorized", "sequential")
 
@@ -80,7 +81,9 @@ class Executor:
                 run_chunk(part)
             except torch.cuda.OutOfMemoryError:
                 if size == 1:
-                    raise
+                    raise OutOfMemory(
+                        "CUDA ran out of memory training one client at a time; use a smaller backbone, batch_size or eval_batch, or a GPU with more memory."
+                    ) from None
                 self.settings.cohort_chunk = max(1, size // 2)  # kept for the rest of the run
                 torch.cuda.empty_cache()
                 continue

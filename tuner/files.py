@@ -23,3 +23,15 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda p: p.write_text(text))
+
+
+def ensure_writable(folder: Path, what: str) -> None:
+    """A folder results go to, created and written once before any work starts."""
+    from tuner.errors import UserError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / ".writable", "")
+        (folder / ".writable").unlink()
+    except OSError as e:
+        raise UserError(f"Cannot write to {what} {folder} ({e.strerror or e}); choose a folder you can write to.") from None

@@ -26,7 +26,7 @@ from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
 from tuner.executors import EngineSettings
 from tuner.errors import UserError
-from tuner.files import write_atomic, write_text_atomic
+from tuner.files import ensure_writable, write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
 
@@ -169,6 +169,7 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
     """Run cfg.rounds rounds (resume: from the checkpoint in `out`), writing results there."""
     run_dir = RunDir(out)
     cfg = cfg.resolved()
+    ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
     sim = build_simulation(cfg)
     if resume:
         run_dir.load(sim)

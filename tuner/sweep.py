@@ -34,8 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tuner.config import apply_settings, trial_config, user_path
 from tuner.run import selection
-from tuner.errors import DivergedError, Interrupted, UserError
-from tuner.files import write_atomic, write_text_atomic
+from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
+from tuner.files import ensure_writable, write_atomic, write_text_atomic
 from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
@@ -67,7 +67,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     while sim.round < cfg.rounds:
         try:
             row = sim.step()
-        except DivergedError as e:
+        except (DivergedError, OutOfMemory) as e:  # recorded as the trial's failure; the sweep goes on
             tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, "failed": str(e)})
             raise
         checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
@@ -303,6 +303,7 @@ def run_stage(
     rounds: int, metric: str, resume: bool, extra: dict | None = None, budgeted: bool = False,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
+    ensure_writable(sweep_dir, "the sweep's storage")
     start_ray(res)
     path = sweep_dir / stage
     request = trial_resources(res)
