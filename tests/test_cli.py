@@ -46,35 +46,6 @@ def test_help_explains_every_option():
         assert option in res.output
 
 
-BAD = [
-    (["run", "fedmagic", *DIGITS], "Unknown method 'fedmagic'"),
-    (["run", "fedavg", "--dataset", "imagenet"], "Unknown dataset 'imagenet'"),
-    (["run", "fedavg", *DIGITS, "--set", "lamda=1"], "'lamda' is not a setting of fedavg"),
-    (["run", "fedavg", *DIGITS, "--set", "lr=fast"], "lr must be a float"),
-    (["run", "fedavg", *DIGITS, "--set", "join_ratio=2"], "join_ratio '2'"),
-    (["run", "fedavg", "--dataset", "digits", "--partition", "pat:11"], "11 classes per client"),
-    (["run", "fedavg", "--dataset", "digits", "--partition", "dir:0.1", "--clients", "60"], "fewer clients"),
-    (["run", "fedavg", "--dataset", "digits", "--partition", "dirichlet"], "not understood"),
-    (["run", "fedavg", "--dataset", "digits", "--set", "backbone=cnn4"], "backbone=mlp"),
-    (["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], "/nonexistent"),
-]
-
-
-@pytest.mark.parametrize("args,message", BAD, ids=[m for _, m in BAD])
-def test_user_mistakes_end_with_one_sentence(args, message, tmp_path):
-    res = invoke(*args, "--out", str(tmp_path), "--rounds", "1")
-    assert res.exit_code == 2, res.output
-    assert message in " ".join(res.output.split())
-    assert "Traceback" not in res.output
-
-
-def test_bad_yaml_names_the_file_and_line(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("dataset: digits\nrounds: [1,\n")
-    res = invoke("run", "fedavg", "--config", str(bad), "--out", str(tmp_path))
-    assert res.exit_code == 2 and "bad.yaml is not valid YAML at line" in " ".join(res.output.split())
-
-
 def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
     from tuner.executors import VectorizedExecutor
 

@@ -1,0 +1,96 @@
+"""The bad-input battery: a user's mistakes across every command, each ending with one sentence, its
+exit code, no traceback, and in bounded time (none waits on Ray or a download)."""
+
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "search_spaces" / "demo.yaml")
+DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "1"]
+
+# (what the user did, the command line ({w}: a workspace the fixture fills), exit code, words of the sentence)
+MISTAKES = [
+    ("run: an unknown method", ["run", "fedmagic", *DIGITS], 2, "Unknown method 'fedmagic'"),
+    ("run: an unknown dataset", ["run", "fedavg", "--dataset", "imagenet"], 2, "Unknown dataset 'imagenet'"),
+    ("run: an unknown setting", ["run", "fedavg", *DIGITS, "--set", "lamda=1"], 2, "'lamda' is not a setting of fedavg"),
+    ("run: a word for a number", ["run", "fedavg", *DIGITS, "--set", "lr=fast"], 2, "lr must be a float"),
+    ("run: --set without =", ["run", "fedavg", *DIGITS, "--set", "lr"], 2, "must look like name=value"),
+    ("run: a join ratio above 1", ["run", "fedavg", *DIGITS, "--set", "join_ratio=2"], 2, "join_ratio '2'"),
+    ("run: more classes per client than exist", ["run", "fedavg", "--dataset", "digits", "--partition", "pat:11"], 2, "11 classes per client"),
+    ("run: more clients than the data allows", ["run", "fedavg", "--dataset", "digits", "--partition", "dir:0.1", "--clients", "60"], 2, "fewer clients"),
+    ("run: a partition name misspelt", ["run", "fedavg", "--dataset", "digits", "--partition", "dirichlet"], 2, "not understood"),
+    ("run: a backbone the images do not fit", ["run", "fedavg", *DIGITS, "--set", "backbone=cnn4"], 2, "backbone=mlp"),
+    ("run: an unknown backbone", ["run", "fedavg", *DIGITS, "--set", "backbone=vit"], 2, "Unknown backbone 'vit'"),
+    ("run: data that is not there", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], 2, "/nonexistent"),
+    ("run: zero rounds", ["run", "fedavg", "--dataset", "digits", "--rounds", "0"], 2, "rounds must be at least 1"),
+    ("run: a negative learning rate", ["run", "fedavg", *DIGITS, "--set", "lr=-0.1"], 2, "lr must be positive"),
+    ("run: a GPU on a machine without one", ["run", "fedavg", *DIGITS, "--set", "device=cuda"], 2, "has no CUDA GPU"),
+    ("run: an unknown float type", ["run", "fedavg", *DIGITS, "--set", "dtype=float16"], 2, "Unknown dtype"),
+    ("run: an unknown executor", ["run", "fedavg", *DIGITS, "--set", "executor=magic"], 2, "Unknown executor"),
+    ("run: a batch larger than a client's data", ["run", "fedavg", *DIGITS, "--set", "batch_size=5000"], 2, "without one training batch"),
+    ("run: a hyperparameter out of range", ["run", "fedavg", *DIGITS, "--set", "momentum=-1"], 2, "cannot be negative"),
+    ("run: --resume where nothing ran", ["run", "fedavg", "--resume", "--out", "{w}/nothing"], 2, "no config.yaml"),
+    ("run: a config file that is not there", ["run", "fedavg", "--config", "{w}/missing.yaml"], 2, "does not exist"),
+    ("run: a config file that is not YAML", ["run", "fedavg", "--config", "{w}/bad.yaml"], 2, "is not valid YAML at line"),
+    ("run: a method file that is not there", ["run", "{w}/nothing.py:FedNew", *DIGITS], 2, "does not exist"),
+    ("run: a dataset file that is not there", ["run", "fedavg", "--dataset", "{w}/missing.parquet"], 2, "does not exist"),
+    ("run: a natural partition of a built-in dataset", ["run", "fedavg", "--dataset", "digits", "--partition", "natural"], 2, "digits names none"),
+    ("run: an output folder inside a file", ["run", "fedavg", *DIGITS, "--out", "{w}/a-file/run"], 2, "Cannot write to the run folder"),
+    ("sweep: a space file that is not there", ["sweep", "gpfl", "--space", "{w}/missing.yaml"], 2, "does not exist"),
+    ("sweep: a space file with an unknown key", ["sweep", "gpfl", "--space", "{w}/typo.yaml"], 2, "unknown key 'serach'"),
+    ("sweep: another method's space", ["sweep", "fedavg", "--space", DEMO], 2, "is a space for gpfl, not fedavg"),
+    ("sweep: a space that searches nothing", ["sweep", "fedavg", "--space", "{w}/empty.yaml"], 2, "names no setting to search"),
+    ("sweep: a distribution that makes bad runs", ["sweep", "fedavg", "--space", "{w}/negative.yaml"], 2, "lr must be positive"),
+    ("sweep: an unknown sampler", ["sweep", "gpfl", "--space", DEMO, "--sampler", "magic", "--storage", "{w}/s"], 2, "sampler"),
+    ("sweep: negative GPUs", ["sweep", "gpfl", "--space", DEMO, "--gpus-per-trial", "-1", "--storage", "{w}/s"], 2, "--gpus-per-trial must be 0"),
+    ("sweep: zero CPUs", ["sweep", "gpfl", "--space", DEMO, "--cpus-per-trial", "0", "--storage", "{w}/s"], 2, "--cpus-per-trial must be positive"),
+    ("sweep: negative seeds", ["sweep", "gpfl", "--space", DEMO, "--seeds", "-1", "--storage", "{w}/s"], 2, "--seeds must be 0 or more"),
+    ("sweep: storage inside a file", ["sweep", "gpfl", "--space", DEMO, "--storage", "{w}/a-file"], 2, "Cannot write to the sweep's storage"),
+    ("sweep: a cluster that is not there", ["sweep", "gpfl", "--space", DEMO, "--address", "127.0.0.1:1", "--storage", "{w}/s"], 2, "No Ray cluster answers"),
+    ("report: a folder that is not there", ["report", "{w}/nothing"], 2, "does not exist"),
+    ("report: a folder without runs", ["report", "{w}/empty-folder"], 2, "No readable runs"),
+    ("report: only damaged runs", ["report", "{w}/damaged-run"], 2, "1 unreadable"),
+    ("report: an unknown selection", ["report", "{w}/empty-folder", "--select", "best"], 2, "--select must be test or val"),
+    ("reproduce: an unknown table", ["reproduce", "gpfl-table99"], 2, "Unknown table 'gpfl-table99'"),
+    ("reproduce: no seed", ["reproduce", "gpfl-table1", "--seeds", "0"], 2, "--seeds must be at least 1"),
+    ("reproduce: no data for any cell", ["reproduce", "gpfl-table1", "--dataset", "cifar10", "--set", "data_dir=/nonexistent"], 2, "can run here"),
+    ("data show: an unknown dataset", ["data", "show", "--dataset", "imagenet", "--out", "{w}/p.png"], 2, "Unknown dataset 'imagenet'"),
+    ("data show: an impossible partition", ["data", "show", "--dataset", "digits", "--partition", "pat:11", "--out", "{w}/p.png"], 2, "11 classes per client"),
+    ("methods: a template name with spaces", ["methods", "--template", "Fed New"], 2, "must be lower case letters"),
+]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    w = tmp_path_factory.mktemp("mistakes")
+    (w / "a-file").write_text("not a folder")
+    (w / "bad.yaml").write_text("dataset: digits\nrounds: [1,\n")
+    (w / "typo.yaml").write_text("settings: {dataset: digits}\nserach:\n  lr: {loguniform: [0.001, 0.1]}\n")
+    (w / "empty.yaml").write_text("settings: {dataset: digits}\n")
+    (w / "negative.yaml").write_text("settings: {dataset: digits, clients: 4}\nsearch:\n  lr: {uniform: [-0.1, 0.1]}\n")
+    (w / "empty-folder").mkdir()
+    damaged = w / "damaged-run"
+    damaged.mkdir()
+    (damaged / "config.yaml").write_text("method: fedavg\ndataset: digits\n")
+    (damaged / "metrics.parquet").write_bytes(b"PAR1 cut short")
+    return w
+
+
+@pytest.mark.parametrize("what, args, code, words", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_one_sentence(workspace, what, args, code, words):
+    start = time.monotonic()
+    res = CliRunner().invoke(app, [a.format(w=workspace) for a in args])
+    assert time.monotonic() - start < 60  # never a wait on Ray, a download or a hang
+    assert res.exit_code == code, res.output
+    assert words in " ".join(res.output.split()) and "Traceback" not in res.output, res.output
+    assert len([line for line in res.output.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_the_battery_is_broad():
+    commands = {m[1][0] for m in MISTAKES}
+    assert len(MISTAKES) >= 35 and commands == {"run", "sweep", "report", "reproduce", "data", "methods"}
