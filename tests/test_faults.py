@@ -210,3 +210,45 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
     with pytest.raises(OutOfMemory, match="one client at a time"):
         executor.chunked(4, never_fits)
     assert tried == [4, 2, 1]  # halved as far as it goes first
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
+    import random
+
+    samples, rounds = 6, 3
+    space = tmp_path / "soak.yaml"
+    space.write_text(f"settings: {{dataset: digits, partition: iid, clients: 4, rounds: {rounds}, checkpoint_every: 1, local_epochs: 5, executor: sequential}}\n"
+                     f"search:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: {samples}\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
+    log = (tmp_path / "sweep.log").open("w")  # not a pipe: nobody reads it while the sweep runs
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT, text=True)
+    experiment, pick, killed = tmp_path / "fedavg-soak" / "search", random.Random(0), set()
+    deadline = time.monotonic() + 170
+    while proc.poll() is None and len(killed) < 4:  # full concurrency (two trials on two cores), a worker killed now and then
+        assert time.monotonic() < deadline, "the soak sweep did not finish in time"
+        running = [rows[-1]["pid"] for rows in map(_rows, experiment.glob("federated_trial_*") if experiment.exists() else [])
+                   if rows and rows[-1]["round"] < rounds and rows[-1]["pid"] not in killed]  # fmt: skip
+        if running:
+            victim = pick.choice(running)
+            try:
+                os.kill(victim, signal.SIGKILL)
+                killed.add(victim)
+            except ProcessLookupError:  # it finished meanwhile
+                pass
+        time.sleep(pick.uniform(0.5, 1.5))
+    proc.wait(timeout=300)
+    out = (tmp_path / "sweep.log").read_text()
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert len(killed) >= 2, "too few kills landed to call this a soak"
+    trials = [d for d in experiment.glob("federated_trial_*")]
+    params = [(d / "params.json").read_text() for d in trials]
+    assert len(trials) == samples and len(set(params)) == samples  # every trial once, none run twice as another
+    report = tmp_path / "report"
+    res = invoke("report", tmp_path / "fedavg-soak", "--out", report)
+    assert res.exit_code == 0 and "skipped" not in res.output, res.output
+    runs = pd.read_parquet(report / "runs.parquet")
+    assert len(runs) == samples  # report reads them all
+    finished, failed = runs["rounds_run"] == rounds, runs["failed"] != ""
+    assert (finished | failed).all()  # each finished, or failed with its reason

@@ -94,3 +94,7 @@ def test_a_mistake_is_one_sentence(workspace, what, args, code, words):
 def test_the_battery_is_broad():
     commands = {m[1][0] for m in MISTAKES}
     assert len(MISTAKES) >= 35 and commands == {"run", "sweep", "report", "reproduce", "data", "methods"}
+
+
+def test_the_readme_states_the_batterys_size():
+    assert f"**{len(MISTAKES)} user mistakes**" in (ROOT / "README.md").read_text()
