@@ -2,17 +2,18 @@
 on small files written in each dataset's own format.
 
 What the data is small in: samples per class, FedPAC's per-client sizes (pac_train/pac_test) and
-the Dirichlet floor (min_samples); everything else (backbone, batch, epochs, optimizer, clients,
+the Dirichlet floor (min_samples); everything else (backbone, batch, optimizer, clients,
 participation, groups, augmentation) is the cell's protocol. Every cell of every table builds its
 data, partition and method over its model, and the method's first client and server states. One
-round is trained for a covering set of cells, in which
+round of one local epoch (a protocol's epochs are the same loop, run longer) is trained for a
+covering set of cells, in which
 every method family under each protocol, and every data setting (dataset, partition, clients,
 join ratio, backbone, protocol), appears at least once: a cell can only fail through its method,
 its data setting, or the build; a family's variants differ only in loss terms that test_engine.py
 runs under both executors. ResNet-18 cells are built here and trained in test_engine.py, where
 every family trains it (BatchNorm under vmap) at a tenth of the cost of Tiny-ImageNet's 64x64 images.
 Settings of more than 20 clients are built, and of them FedPAC's 100-client cell on Fashion-MNIST
-trains one epoch (everyone takes part in its last round): the others' rounds are the same code over
+trains (everyone takes part in its last round): the others' rounds are the same code over
 more clients.
 """
 
@@ -117,9 +118,7 @@ def test_a_covering_set_of_cells_trains_a_round(data_root, every_cell):
     hundred = {"method": "fedpac", "dataset": "fmnist", "partition": "pac:20", "clients": 100, "join_ratio": "0.3", "backbone": "pac_cnn", "protocol": "fedpac"}
     assert hundred in todo
     for cell in trained + [hundred]:
-        cfg = cell_config(cell, data_root)
-        if cell is hundred:
-            cfg = replace(cfg, local_epochs=1)
+        cfg = replace(cell_config(cell, data_root), local_epochs=1)  # a protocol's epochs are the same loop, run longer
         row = build_simulation(cfg).step()
         assert math.isfinite(row["train_loss"]) and 0 <= row["acc"] <= 1, cell
         if cfg.full_last_round:  # FedPAC: everyone in the last round, whatever the join ratio

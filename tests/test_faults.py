@@ -105,31 +105,6 @@ def _rows(trial_dir: Path) -> list[dict]:
     return rows
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_trial_whose_worker_is_killed_goes_on_from_its_checkpoint(tmp_path):
-    space = tmp_path / "oom.yaml"  # rounds of 10 local epochs (~2 s): the kill lands between two checkpoints
-    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 6, checkpoint_every: 2, local_epochs: 10, executor: sequential}\n"
-                     "search:\n  lr: {grid: [0.05]}\n")  # fmt: skip
-    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    experiment, deadline = tmp_path / "fedavg-oom" / "search", time.monotonic() + 240
-    while True:  # the event: a checkpoint is written and the next round is under way
-        trial = next((d for d in experiment.glob("federated_trial_*") if list(d.glob("checkpoint_*"))), None) if experiment.exists() else None
-        rows = _rows(trial) if trial else []
-        if rows and 2 <= rows[-1]["round"] < 6:
-            break
-        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended or never checkpointed mid-way"
-        time.sleep(0.2)
-    os.kill(rows[-1]["pid"], signal.SIGKILL)  # as the kernel's OOM killer would
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "Traceback" not in out, out
-    rows = _rows(trial)
-    rounds = [r["round"] for r in rows]
-    assert rounds[-1] == 6 and rounds.count(1) == 1 and set(rounds) == set(range(1, 7))  # went on from the checkpoint, not round 1
-    assert len({r["pid"] for r in rows}) == 2  # in a second worker
-
-
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
     import torch
 
@@ -215,6 +190,7 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
 @pytest.mark.ray
 @pytest.mark.slow
 def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
+    """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is)."""
     import random
 
     samples, rounds = 6, 3
@@ -252,3 +228,8 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
     assert len(runs) == samples  # report reads them all
     finished, failed = runs["rounds_run"] == rounds, runs["failed"] != ""
     assert (finished | failed).all()  # each finished, or failed with its reason
+    for trial in trials:  # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
+        rows = _rows(trial)
+        assert [r["round"] for r in rows].count(1) == 1
+        if {r["pid"] for r in rows} & killed and rows[-1]["round"] == rounds:
+            assert len({r["pid"] for r in rows}) >= 2
