@@ -230,6 +230,7 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
     assert (finished | failed).all()  # each finished, or failed with its reason
     for trial in trials:  # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
         rows = _rows(trial)
+        pids = {r["pid"] for r in rows}
         assert [r["round"] for r in rows].count(1) == 1
-        if {r["pid"] for r in rows} & killed and rows[-1]["round"] == rounds:
-            assert len({r["pid"] for r in rows}) >= 2
+        if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
+            assert len(pids) >= 2 or rows[-1]["pid"] in killed

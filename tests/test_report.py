@@ -101,7 +101,7 @@ def test_report_mistakes(tmp_path):
     assert res.exit_code == 2 and "does not exist" in res.output
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
-    assert res.exit_code == 2 and "No runs found" in res.output
+    assert res.exit_code == 2 and "No readable runs" in res.output
 
 
 def test_a_sweep_no_paper_reports_still_gets_its_tables_plots_and_best_configuration(tmp_path):

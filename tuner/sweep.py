@@ -303,6 +303,7 @@ def run_stage(
     rounds: int, metric: str, resume: bool, extra: dict | None = None, budgeted: bool = False,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
+    check_request(res)  # before anything is written or started
     ensure_writable(sweep_dir, "the sweep's storage")
     start_ray(res)
     path = sweep_dir / stage
