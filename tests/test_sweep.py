@@ -300,3 +300,20 @@ def test_sweep_report_and_reproduce_take_relative_and_home_paths(tmp_path, monke
                                            "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
             assert res.exit_code == 0, res.output
             assert len(trials(folder / "repro" / "fedpac-table2" / "reproduce")) == 1
+
+
+@pytest.mark.ray
+def test_storage_failing_mid_sweep_is_one_sentence(tmp_path, ray_local, monkeypatch):
+    import errno
+
+    from ray import tune
+
+    def full_disk(self):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as Ray Tune's own writes into --storage would fail
+
+    monkeypatch.setattr(tune.Tuner, "fit", full_disk)
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY)
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path / "sweeps")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "Cannot write to the sweep's storage" in res.output and "No space left on device" in res.output and "--resume" in res.output

@@ -327,7 +327,13 @@ def run_stage(
                 failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
-    grid = tuner.fit()
+    try:
+        grid = tuner.fit()
+    except OSError as e:  # the storage filled up or went away under Ray Tune's own writes
+        raise UserError(
+            f"Cannot write to the sweep's storage {sweep_dir} ({e.strerror or e}); what is already there stays: free space or fix "
+            "the folder, then run the same command with --resume."
+        ) from None
     trials = tune.ExperimentAnalysis(str(path)).trials
     unfinished = len([t for t in trials if t.status not in ("TERMINATED", "ERROR")])
     if not budgeted:  # a stop before the searcher made a trial leaves no trace but the count (a round budget ends sweeps so)
