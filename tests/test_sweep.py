@@ -317,3 +317,56 @@ def test_storage_failing_mid_sweep_is_one_sentence(tmp_path, ray_local, monkeypa
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path / "sweeps")])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "Cannot write to the sweep's storage" in res.output and "No space left on device" in res.output and "--resume" in res.output
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of its own, 1.5 MiB beyond the sweep's reserve: it fills during the first trial."""
+    from tuner.sweep import STORAGE_RESERVE
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = STORAGE_RESERVE + 1536 * 1024
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root with CAP_SYS_ADMIN")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_storage_that_fills_stops_the_sweep_in_one_sentence_and_resume_finishes_it(small_disk, ray_local):
+    space = small_disk.parent / "fill.yaml"
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1").replace("samples: 3", "samples: 2"))
+    sweep = ["sweep", "fedavg", "--space", str(space), "--storage", str(small_disk), "--max-concurrent", "1"]
+    res = CliRunner().invoke(app, sweep)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "Cannot write to the sweep's storage" in res.output and "No space left on device" in res.output and "--resume" in res.output
+    experiment = small_disk / "fedavg-fill" / "search"
+    state = json.loads(next(experiment.glob("experiment_state-*.json")).read_text())  # whole: the reserve gave Tune room
+    assert state["trial_data"]
+    assert not (small_disk / "fedavg-fill" / ".storage-reserve").exists()
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
+    res = CliRunner().invoke(app, [*sweep, "--resume"])
+    assert res.exit_code == 0, res.output
+    after = trials(experiment)
+    assert len(after) == 2
+    for t in after:  # the trial cut short went on from its checkpoint: every round once
+        assert [r["round"] for r in t["rows"]] == [1, 2, 3, 4]
+
+
+def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
+    import pickle
+
+    from tuner.sweep import drop_damaged_errors
+
+    cut, whole = tmp_path / "trial_a" / "error.pkl", tmp_path / "trial_b" / "error.pkl"
+    for f in (cut, whole):
+        f.parent.mkdir()
+        (f.parent / "error.txt").write_text("Failure # 1\nOSError: No space left on device\n")
+    cut.write_bytes(pickle.dumps(OSError("No space left on device"))[:7])  # as a full disk or a kill leaves it
+    whole.write_bytes(pickle.dumps(OSError("No space left on device")))
+    drop_damaged_errors(tmp_path)
+    assert not cut.exists() and whole.exists()  # Tune then reads trial_a's error from its error.txt
+    assert (cut.parent / "error.txt").exists()

@@ -35,3 +35,21 @@ def ensure_writable(folder: Path, what: str) -> None:
         (folder / ".writable").unlink()
     except OSError as e:
         raise UserError(f"Cannot write to {what} {folder} ({e.strerror or e}); choose a folder you can write to.") from None
+
+
+def unwritable_reason(folder: Path, nbytes: int, keep_as: Path | None = None) -> str | None:
+    """Why a file of `nbytes` cannot be written in `folder` now (full, read-only, gone), or None if it can;
+    with `keep_as`, the file written stays there under that name (space held for later)."""
+    probe = Path(folder) / f".space-probe.{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(nbytes))
+            f.flush()
+            os.fsync(f.fileno())  # a disk with delayed allocation reports a full disk here, not at write()
+        if keep_as:
+            os.replace(probe, keep_as)
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        probe.unlink(missing_ok=True)

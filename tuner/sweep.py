@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import signal
 import sys
 import socket
@@ -35,10 +36,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tuner.config import apply_settings, trial_config, user_path
 from tuner.run import selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
-from tuner.files import ensure_writable, write_atomic, write_text_atomic
+from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
 from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
+RESERVE_FILE = ".storage-reserve"  # the space StorageWatch gives back when the storage fills
 CHECKPOINT_FILE = "simulation.pt"
 # A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint
 # this many times before it is recorded as failed; a diverging run diverges again and fails the same way.
@@ -204,6 +206,37 @@ class SweepProgress(Callback):
         self.progress.stop()
 
 
+STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
+storage_failures: dict[str, str] = {}  # a reserve file -> why its storage failed; set by StorageWatch, read by run_stage
+
+
+class StorageWatch(Callback):
+    """A failing trial may have met a full or unwritable storage; then every later trial would fail too. The sweep
+    then stops as on Ctrl-C, with the reserve given back first: on a full disk Ray Tune cuts short the experiment
+    state and the trial files it rewrites, and --resume would find them damaged."""
+
+    def __init__(self, reserve: Path):
+        self.reserve = reserve
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._check(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._check(trial)
+
+    def _check(self, trial) -> None:
+        if str(self.reserve) in storage_failures:
+            return
+        checkpoints = sorted(Path(trial.path).glob("checkpoint_*"))  # room for one more checkpoint, or 1 MiB
+        room = max(2**20, sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0)
+        reason = unwritable_reason(self.reserve.parent, room)
+        if reason:
+            storage_failures[str(self.reserve)] = reason
+            self.reserve.unlink(missing_ok=True)
+            if threading.current_thread() is threading.main_thread():  # where Tune catches it; elsewhere the sweep runs on
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 # --- a whole stage
 @dataclass
 class Resources:
@@ -311,6 +344,7 @@ def run_stage(
     check_fits(request)
     trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every), request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
+        drop_damaged_errors(path)
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
     else:
         write_experiment(path, stage, base, select, **(extra or {}))
@@ -320,20 +354,30 @@ def run_stage(
             tune_config=tune.TuneConfig(metric=metric, mode="max", search_alg=searcher, scheduler=scheduler,
                                         num_samples=samples, max_concurrent_trials=res.max_concurrent),  # fmt: skip
             run_config=tune.RunConfig(
-                name=stage, storage_path=str(sweep_dir), stop=stopper, callbacks=[SweepProgress(expected or samples, rounds, metric)],
+                name=stage, storage_path=str(sweep_dir), stop=stopper,
+                callbacks=[SweepProgress(expected or samples, rounds, metric), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                 failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
+    reserve = sweep_dir / RESERVE_FILE
+    storage_failures.pop(str(reserve), None)
     try:
+        reason = unwritable_reason(sweep_dir, STORAGE_RESERVE, keep_as=reserve)
+        if reason:
+            raise storage_failed(sweep_dir, reason)
         grid = tuner.fit()
-    except OSError as e:  # the storage filled up or went away under Ray Tune's own writes
-        raise UserError(
-            f"Cannot write to the sweep's storage {sweep_dir} ({e.strerror or e}); what is already there stays: free space or fix "
-            "the folder, then run the same command with --resume."
-        ) from None
+    except Exception as e:  # the storage filled up or went away under Ray Tune's own writes, or a trial met it
+        reason = storage_failures.pop(str(reserve), None) or (e.strerror if isinstance(e, OSError) else None)
+        if reason is None or isinstance(e, UserError):
+            raise
+        raise storage_failed(sweep_dir, reason) from None
+    finally:
+        reserve.unlink(missing_ok=True)
+    if str(reserve) in storage_failures:
+        raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
     trials = tune.ExperimentAnalysis(str(path)).trials
     unfinished = len([t for t in trials if t.status not in ("TERMINATED", "ERROR")])
     if not budgeted:  # a stop before the searcher made a trial leaves no trace but the count (a round budget ends sweeps so)
@@ -344,6 +388,24 @@ def run_stage(
             "Run the same command with --resume to continue."
         )
     return grid
+
+
+def storage_failed(sweep_dir: Path, reason: str) -> UserError:
+    return UserError(
+        f"Cannot write to the sweep's storage {sweep_dir} ({reason}); the sweep stopped and what is already there stays: "
+        "free space or fix the folder, then run the same command with --resume."
+    )
+
+
+def drop_damaged_errors(path: Path) -> None:
+    """A trial's pickled error cut short (a full disk, a kill mid-write) would stop Tune from reading the experiment;
+    without it Tune reads the same error from error.txt."""
+    for pickled in path.glob("*/error.pkl"):
+        try:
+            with open(pickled, "rb") as f:
+                pickle.load(f)
+        except (EOFError, pickle.UnpicklingError):
+            pickled.unlink()
 
 
 def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
