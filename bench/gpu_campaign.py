@@ -129,7 +129,8 @@ class Campaign:
             checks[f"executors equal: {m}"] = _check(deadline, lambda m=m: self.executors_equal(self.digits(m)))
         resnet = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
         if self.args.smoke:
-            resnet |= dict(clients=4, join_ratio="0.5", batch_size=120)  # three steps a client: BatchNorm under vmap, not training, is checked
+            # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
+            resnet |= dict(clients=4, join_ratio="0.5", partition="pac:20", pac_train=60, pac_test=20, batch_size=30)
         checks["ResNet-18 BatchNorm under vmap"] = _check(deadline, lambda: self.executors_equal(self.digits("fedper", **resnet), rounds=1))
         checks["exact resume on the device"] = _check(deadline, self.exact_resume)
         failed = [k for k, v in checks.items() if v["status"] == "failed"]

@@ -130,10 +130,10 @@ def _sweep_cmd(space, storage, *extra):
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     space = tmp_path / "kill.yaml"
-    # Rounds of 10 local epochs (~2 s) and Tune's experiment snapshot every 0.5 s: trial folders reach the
-    # storage only with a snapshot (by default some seconds apart), so 0.4 s rounds could pass round 2 to the last
-    # unseen and the kill never came (seen 1 run in 4).
-    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 6, checkpoint_every: 2, local_epochs: 10"))  # 3 trials: done, half-done, not begun
+    # Rounds of 8 local epochs (~1.5 s), a checkpoint each, and Tune's experiment snapshot every 0.5 s: trial
+    # folders reach the storage only with a snapshot (by default some seconds apart), so a trial is seen half-done
+    # for three rounds (~4.5 s); with 0.4 s rounds it could pass to the last unseen and the kill never came.
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1, local_epochs: 8"))  # 3 trials: done, half-done, not begun
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
     proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -141,8 +141,8 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     deadline = time.time() + 240
     while time.time() < deadline:  # kill once one trial is done and the next has checkpointed mid-way
         ts = trials_so_far(experiment)
-        finished = [t for t in ts if t["rows"] and t["rows"][-1]["round"] == 6]
-        midway = [t for t in ts if t["rows"] and 2 <= t["rows"][-1]["round"] < 6 and list(t["dir"].glob("checkpoint_*"))]
+        finished = [t for t in ts if t["rows"] and t["rows"][-1]["round"] == 4]
+        midway = [t for t in ts if t["rows"] and t["rows"][-1]["round"] < 4 and list(t["dir"].glob("checkpoint_*"))]
         if finished and midway:
             break
         if proc.poll() is not None:
@@ -153,14 +153,14 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)}  # the kill may have cut a file mid-write
-    done_before = [name for name, rounds in before.items() if rounds[-1] == 6]
+    done_before = [name for name, rounds in before.items() if rounds[-1] == 4]
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     after = trials(experiment)
     assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
     for t in after:
         rounds = [r["round"] for r in t["rows"]]
-        assert rounds[-1] == 6 and set(rounds) == set(range(1, 7))
+        assert rounds[-1] == 4 and set(rounds) == set(range(1, 5))
         if t["dir"].name in done_before:  # a finished trial is not run again
             assert rounds == before[t["dir"].name]
     resumed = [t for t in after if t["dir"].name in before and t["dir"].name not in done_before]
@@ -282,19 +282,19 @@ def test_sweep_report_and_reproduce_take_relative_and_home_paths(tmp_path, monke
     monkeypatch.chdir(work)
     cases = (("", work, "group/one", "sweeps/group/one", work / "sweeps" / "group" / "one"), ("~/", home, "~/named", "~/named", home / "named"))
     for prefix, folder, name, typed, sweep_dir in cases:  # --name is a folder under --storage, or a path of its own
-        (folder / "tiny.yaml").write_text(TINY.replace("samples: 3", "samples: 2"))
+        (folder / "tiny.yaml").write_text(TINY.replace("samples: 3", "samples: 1"))
         args = ["sweep", "fedavg", "--space", f"{prefix}tiny.yaml", "--storage", f"{prefix}sweeps", "--name", name, "--study-db", f"{prefix}study.db"]
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
-        assert len(trials(sweep_dir / "search")) == 2 and (folder / "study.db").exists()
+        assert len(trials(sweep_dir / "search")) == 1 and (folder / "study.db").exists()
         if prefix:  # a finished sweep restores and reports again
             res = CliRunner().invoke(app, [*args, "--resume"])
-            assert res.exit_code == 0 and len(trials(sweep_dir / "search")) == 2, res.output
+            assert res.exit_code == 0 and len(trials(sweep_dir / "search")) == 1, res.output
         res = CliRunner().invoke(app, ["report", typed, "--out", f"{prefix}report"])
         assert res.exit_code == 0, res.output
         import pandas as pd
 
-        assert pd.read_parquet(folder / "report" / "best.parquet")["trials"].tolist() == [2]
+        assert pd.read_parquet(folder / "report" / "best.parquet")["trials"].tolist() == [1]
         if not prefix:  # its --storage goes through the same path handling as the sweep's
             res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--rounds", "1", "--seeds", "1", "--storage", "repro",
                                            "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
