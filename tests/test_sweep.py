@@ -47,6 +47,23 @@ def trials_so_far(experiment: Path) -> list[dict]:
     return out
 
 
+def fresh_accuracies(base: dict, params: dict) -> list[float]:
+    """A trial's per-round accuracies, run here in this process on one thread as its worker runs it."""
+    import torch
+
+    from tuner.config import trial_config
+    from tuner.run import build_simulation
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = trial_config(base, params)
+        sim = build_simulation(cfg)
+        return [sim.step()["acc"] for _ in range(cfg.rounds)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
@@ -73,6 +90,11 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
         assert best == sorted(best) and best[-1] == max(r["acc"] for r in t["rows"])
         assert list(t["dir"].glob("checkpoint_*/simulation.pt"))
     experiment = yaml.safe_load((tmp_path / "fedavg-tiny" / "search" / "experiment.yaml").read_text())
+    # Trials reuse their worker process, and a trial run in a used worker equals a fresh run of its config.
+    by_start = sorted(search, key=lambda t: t["rows"][0]["timestamp"] - t["rows"][0]["time_total_s"])
+    reused = [t for i, t in enumerate(by_start) if t["rows"][0]["pid"] in {u["rows"][0]["pid"] for u in by_start[:i]}]
+    assert reused, [t["rows"][0]["pid"] for t in by_start]
+    assert [r["acc"] for r in reused[0]["rows"]] == fresh_accuracies(experiment["settings"], reused[0]["params"])
     assert experiment["stage"] == "search" and experiment["settings"]["method"] == "fedavg"
     summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
     best_lr = summary["best_config"]["lr"]
