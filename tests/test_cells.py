@@ -41,11 +41,11 @@ def data_root(tmp_path_factory):
     write_mnist_like(root / "mnist" / "MNIST" / "raw", n_train=1000, n_test=200, compress=False)
     write_mnist_like(root / "emnist" / "EMNIST" / "raw", prefix="emnist-byclass", n_train=6200, n_test=1240, classes=62)
     write_cifar(root / "cifar10", 10, 200)
-    write_cifar(root / "cifar100", 100, 3000)
+    write_cifar(root / "cifar100", 100, 1500)
     write_cifar(root / "cifar100-many", 100, 9000)  # FedCP Table 4's 500 clients need 14 samples each
     write_tinyimagenet(root / "tinyimagenet", 200, 2)
     write_cinic10(root / "cinic10", 25)
-    write_agnews(root / "agnews", 1500)  # four classes at beta 0.1: most clients hold one class
+    write_agnews(root / "agnews", 1000)  # four classes at beta 0.1: most clients hold one class
     return root
 
 
