@@ -131,17 +131,18 @@ def test_randomness_is_a_function_of_seed_round_and_client():
     assert not torch.equal(s, batch_schedule(0, 2, 0, 3, n=47, batch=10, epochs=2))
 
 
-def tuner(*args):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_exact_resume_in_a_new_process(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
     common = ["fedrep", "--dataset", "digits", "--partition", "pat:2", "--clients", "5", "--set", "join_ratio=0.6-1", "--set", "checkpoint_every=1"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    assert tuner("run", *common, "--rounds", "4", "--out", str(straight)).returncode == 0
-    assert tuner("run", *common, "--rounds", "2", "--out", str(halves)).returncode == 0
-    resumed = tuner("run", "fedrep", "--resume", "--rounds", "4", "--out", str(halves))
+    assert CliRunner().invoke(app, ["run", *common, "--rounds", "4", "--out", str(straight)]).exit_code == 0
+    assert CliRunner().invoke(app, ["run", *common, "--rounds", "2", "--out", str(halves)]).exit_code == 0
+    resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "run", "fedrep", "--resume", "--rounds", "4", "--out", str(halves)],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     a, b = pd.read_parquet(straight / "metrics.parquet"), pd.read_parquet(halves / "metrics.parquet")
     assert list(b["round"]) == [1, 2, 3, 4]
