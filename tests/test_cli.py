@@ -90,7 +90,7 @@ def test_methods_lists_every_variant_with_its_hyperparameters():
 
 
 @pytest.mark.slow
-def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path):
+def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path, spawn):
     import signal
     import subprocess
     import sys
@@ -98,7 +98,7 @@ def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not out.joinpath("metrics.parquet").exists():  # the event, not a time: a round is done and written
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended or never wrote a round"

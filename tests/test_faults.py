@@ -72,6 +72,42 @@ def test_a_sweep_trial_whose_last_line_was_cut_keeps_its_rows(tmp_path):
     assert _trial_rows(result)["round"].tolist() == [1, 2]
 
 
+def test_a_trial_ray_tune_gave_up_on_is_reported_failed_with_its_reason(tmp_path):
+    """Ray Tune's own files of a sweep whose workers were killed: error.txt gains a block per failure."""
+    from tuner.config import TRIAL_RETRIES
+
+    search = tmp_path / "sweep" / "search"
+    search.mkdir(parents=True)
+    (search / "experiment.yaml").write_text("stage: search\nselect: test\nsettings: {method: fedavg, dataset: digits, rounds: 3}\n")
+    died = ("Failure # {n} (occurred at 2026-11-24_10-18-17)\nThe actor died unexpectedly before finishing this task.\n\tpid: 29797\n"
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Some common causes include: ...\n")  # fmt: skip
+    row = lambda r: json.dumps({"round": r, "acc": 0.1 * r, "pid": 1}) + "\n"  # noqa: E731
+    trials = {  # name: (rounds reported, failures)
+        "gave_up_after_a_round": (1, TRIAL_RETRIES + 1),
+        "gave_up_before_any_round": (0, TRIAL_RETRIES + 1),
+        "retried_then_finished": (3, TRIAL_RETRIES),
+        "retried_and_running": (2, TRIAL_RETRIES),
+        "not_started": (0, 0),
+    }
+    for name, (rounds, failures) in trials.items():
+        (search / name).mkdir()
+        (search / name / "params.json").write_text(json.dumps({"lr": 0.01}))
+        (search / name / "result.json").write_text("".join(row(r) for r in range(1, rounds + 1)))
+        if failures:
+            (search / name / "error.txt").write_text("".join(died.format(n=n) for n in range(1, failures + 1)))
+    res = invoke("report", tmp_path / "sweep", "--out", tmp_path / "report")
+    assert res.exit_code == 0, res.output
+    runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
+    runs.index = [Path(r).name for r in runs["run"]]
+    reason = f"{TRIAL_RETRIES + 1} failures, the last: The actor is dead because its worker process has died."
+    assert runs.loc["gave_up_after_a_round", ["rounds_run", "failed"]].tolist() == [1, reason]
+    assert runs.loc["gave_up_before_any_round", ["rounds_run", "failed"]].tolist() == [0, reason]
+    assert runs.loc["retried_then_finished", "failed"] == runs.loc["retried_and_running", "failed"] == ""
+    assert "not_started" not in runs.index
+    best = pd.read_parquet(tmp_path / "report" / "best.parquet").iloc[0]
+    assert (best["trials"], best["failed"], best["stopped_early"]) == (4, 2, 1)  # a failed trial is not one stopped early
+
+
 @pytest.mark.parametrize("flag, value, words", [
     ("--gpus-per-trial", "-1", "--gpus-per-trial must be 0"),
     ("--gpus-per-trial", "1.5", "whole number of GPUs"),
@@ -189,7 +225,7 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
+def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
     """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is)."""
     import random
 
@@ -199,7 +235,7 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path):
                      f"search:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: {samples}\n")  # fmt: skip
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
     log = (tmp_path / "sweep.log").open("w")  # not a pipe: nobody reads it while the sweep runs
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT, text=True)
     experiment, pick, killed = tmp_path / "fedavg-soak" / "search", random.Random(0), set()
     deadline = time.monotonic() + 170
     while proc.poll() is None and len(killed) < 4:  # full concurrency (two trials on two cores), a worker killed now and then

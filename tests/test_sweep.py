@@ -150,15 +150,14 @@ def _sweep_cmd(space, storage, *extra):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
+def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path, spawn):
     space = tmp_path / "kill.yaml"
     # Rounds of 8 local epochs (~1.5 s), a checkpoint each, and Tune's experiment snapshot every 0.5 s: trial
     # folders reach the storage only with a snapshot (by default some seconds apart), so a trial is seen half-done
     # for three rounds (~4.5 s); with 0.4 s rounds it could pass to the last unseen and the kill never came.
     space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1, local_epochs: 8"))  # 3 trials: done, half-done, not begun
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
-    proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     experiment = tmp_path / "fedavg-kill" / "search"
     deadline = time.time() + 240
     while time.time() < deadline:  # kill once one trial is done and the next has checkpointed mid-way
@@ -193,11 +192,11 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_path):
+def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_path, spawn):
     space = tmp_path / "term.yaml"
     space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 8, checkpoint_every: 2").replace("samples: 3", "samples: 2"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     experiment = tmp_path / "fedavg-term" / "search"
     deadline = time.time() + 240
     while time.time() < deadline and not any(list(t["dir"].glob("checkpoint_*")) for t in trials_so_far(experiment)):

@@ -233,6 +233,11 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     return replace(cfg, **updates, hparams=hp)
 
 
+# A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
+# many times before Ray Tune gives up on it (max_failures); a diverging run diverges again and fails the same way.
+TRIAL_RETRIES = 2
+
+
 def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
     """A Tune trial's RunConfig: its stage's fixed settings (with the method), then its grouped values (a dict:
     a table cell, a seed with its partition seed), then its single sampled values."""

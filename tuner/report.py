@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pandas as pd
 import yaml
 
 from tuner import papers
-from tuner.config import RunConfig, trial_config
+from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
 from tuner.run import RunDir, selection
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
@@ -76,11 +77,27 @@ def _experiment_info(path: Path) -> dict:
 
 def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
     rows = _trial_rows(params.parent / "result.json")
-    if rows.empty:  # not started yet
-        return None
     sampled = json.loads(params.read_text())
+    config = trial_config(info["settings"], sampled)
+    finished = not rows.empty and rows["round"].max() >= config.rounds
+    failed = "" if finished else tune_failure(params.parent / "error.txt")
+    if rows.empty and not failed:  # not started yet
+        return None
     return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
-            "config": trial_config(info["settings"], sampled), "searched": list(sampled) if info["stage"] == "search" else []}  # fmt: skip
+            "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed}  # fmt: skip
+
+
+def tune_failure(error_txt: Path) -> str:
+    """Why Ray Tune gave up on a trial (its worker died more often than it is retried, or an error in its code):
+    the first sentence of its last failure; "" while it was retried from its checkpoint, or never failed."""
+    if not error_txt.exists():
+        return ""
+    failures = re.split(r"^Failure # \d+.*$", error_txt.read_text(), flags=re.M)[1:]
+    if len(failures) <= TRIAL_RETRIES:
+        return ""
+    messages = [line for line in failures[-1].splitlines() if line.strip() and not line[0].isspace() and not line.startswith("Traceback")]
+    last = messages[-1].split(". ")[0].rstrip(".") if messages else "no message"
+    return f"{len(failures)} failures, the last: {last}."
 
 
 def _trial_rows(result_json: Path) -> pd.DataFrame:
@@ -112,8 +129,8 @@ def summarize(run: dict, select: str | None) -> dict:
         "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
         "title": method_title(cfg.method), "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
         "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
-        "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()),
-        "config_key": config_key(cfg), "failed": _failure(rows), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()) if len(rows) else 0,
+        "config_key": config_key(cfg), "failed": _failure(rows) or run.get("failed", ""), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }  # fmt: skip
     chosen = selection(rows.to_dict("records"), select)
@@ -258,7 +275,7 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
         sweep_dir = Path(experiment).parent
         scored = trials[trials["selected_acc"].notna()]
         row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
-               "failed": int((trials["failed"] != "").sum()), "stopped_early": int((trials["rounds_run"] < trials["rounds_planned"]).sum())}  # fmt: skip
+               "failed": int((trials["failed"] != "").sum()), "stopped_early": int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())}  # fmt: skip
         if not scored.empty:
             best = scored.loc[scored["selected_acc"].idxmax()]
             cfg = runs[best.name]["config"]

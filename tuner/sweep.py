@@ -33,18 +33,16 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.config import apply_settings, trial_config, user_path
+from tuner.config import TRIAL_RETRIES, apply_settings, trial_config, user_path
 from tuner.run import selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
 from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
+from tuner.report import tune_failure
 from tuner.space import Space
 
 EXPERIMENT_FILE = "experiment.yaml"
 RESERVE_FILE = ".storage-reserve"  # the space StorageWatch gives back when the storage fills
 CHECKPOINT_FILE = "simulation.pt"
-# A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint
-# this many times before it is recorded as failed; a diverging run diverges again and fails the same way.
-TRIAL_RETRIES = 2
 
 
 # --- one trial
@@ -198,7 +196,8 @@ class SweepProgress(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self.running.discard(trial.trial_id)
         self.counts["failed"] += 1
-        reason = (trial.last_result or {}).get("failed") or "it raised an error; see error.txt in its trial directory"
+        reason = ((trial.last_result or {}).get("failed") or (trial.error_file and tune_failure(Path(trial.error_file)))
+                  or "it raised an error; see error.txt in its trial directory")  # fmt: skip
         self.progress.console.print(f"[yellow]trial {trial.trial_id} failed:[/] {reason}", highlight=False)
         self._show()
 
@@ -381,10 +380,10 @@ def run_stage(
         reserve.unlink(missing_ok=True)
     if str(reserve) in storage_failures:
         raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
-    trials = tune.ExperimentAnalysis(str(path)).trials
-    unfinished = len([t for t in trials if t.status not in ("TERMINATED", "ERROR")])
+    # The statuses Tune holds, not its saved snapshot: that can still call PENDING a trial given up on while it restarted.
+    unfinished = len(grid) - grid.num_errors - grid.num_terminated
     if not budgeted:  # a stop before the searcher made a trial leaves no trace but the count (a round budget ends sweeps so)
-        unfinished += max(0, (expected or samples) - len(trials))
+        unfinished += max(0, (expected or samples) - len(grid))
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
         raise Interrupted(
             f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
