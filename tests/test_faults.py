@@ -225,36 +225,6 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_trial_whose_worker_always_dies_fails_with_its_reason_and_the_sweep_finishes(tmp_path, monkeypatch):
-    import ray
-
-    monkeypatch.chdir(tmp_path)
-    Path("dies.py").write_text(
-        "import os, signal\nfrom algorithms.fedavg import FedAvg\n\n\n"
-        "class Dies(FedAvg):  # its worker is killed as it starts, as by the OOM killer, at the larger learning rate\n"
-        "    name = 'dies'\n\n"
-        "    def __init__(self, net, training, hp=None):\n"
-        f"        if training.lr > 0.1 and os.getpid() != {os.getpid()}:\n"
-        "            os.kill(os.getpid(), signal.SIGKILL)\n"
-        "        super().__init__(net, training, hp)\n"
-    )  # fmt: skip
-    Path("dies.yaml").write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
-                                 "search:\n  lr: {grid: [0.05, 0.5]}\n")  # fmt: skip
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        res = invoke("sweep", "./dies.py:Dies", "--space", "dies.yaml", "--storage", "sweeps")
-    finally:
-        ray.shutdown()
-    reason = "3 failures, the last: The actor is dead because its worker process has died."
-    assert res.exit_code == 0 and reason in " ".join(res.output.split()), res.output  # failed, not "unfinished"
-    res = invoke("report", "sweeps", "--out", "report")
-    assert res.exit_code == 0, res.output
-    runs = pd.read_parquet("report/runs.parquet").sort_values("lr")
-    assert runs["rounds_run"].tolist() == [2, 0] and runs["failed"].tolist() == ["", reason]
-
-
-@pytest.mark.ray
-@pytest.mark.slow
 def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
     """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is)."""
     import random

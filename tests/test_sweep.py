@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -109,22 +110,36 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_diverging_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, ray_local):
+def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_their_reasons_and_the_sweep_goes_on(tmp_path, ray_local, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("dies.py").write_text(
+        "import os, signal\nfrom algorithms.fedavg import FedAvg\n\n\n"
+        "class Dies(FedAvg):  # FedAvg, but its worker is killed as it starts (as by the OOM killer) at lr = 0.5\n"
+        "    name = 'dies'\n\n"
+        "    def __init__(self, net, training, hp=None):\n"
+        f"        if training.lr == 0.5 and os.getpid() != {os.getpid()}:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        super().__init__(net, training, hp)\n"
+    )  # fmt: skip
     space = tmp_path / "div.yaml"
-    space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 1.0e+12]}"))
+    space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 0.5, 1.0e+12]}"))
     db = tmp_path / "study.db"
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--study-db", str(db)])
+    res = CliRunner().invoke(app, ["sweep", "./dies.py:Dies", "--space", str(space), "--storage", str(tmp_path), "--study-db", str(db)])
+    died = "3 failures, the last: The actor is dead because its worker process has died."
+    assert res.exit_code == 0, res.output  # failed trials, not unfinished ones
+    assert "diverged" in res.output and died in " ".join(res.output.split())
+    by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "dies-div" / "search")}
+    assert "diverged" in by_lr[1.0e12]["rows"][-1]["failed"] and (by_lr[1.0e12]["dir"] / "error.txt").exists()
+    assert by_lr[0.05]["rows"][-1]["round"] == 3 and not by_lr[0.5]["rows"]  # it never reported a round
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "dies-div"), "--out", str(tmp_path / "report")])
     assert res.exit_code == 0, res.output
-    assert "failed" in res.output
-    by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "fedavg-div" / "search")}
-    failed = by_lr[1.0e12]
-    assert "diverged" in failed["rows"][-1]["failed"] and (failed["dir"] / "error.txt").exists()
-    assert by_lr[0.05]["rows"][-1]["round"] == 3
+    runs = pd.read_parquet(tmp_path / "report" / "runs.parquet").sort_values("lr")
+    assert runs["rounds_run"].tolist() == [3, 0, 1] and runs["failed"].iloc[1] == died and "diverged" in runs["failed"].iloc[2]
     import optuna  # the study outlives Ray in SQLite
 
-    study = optuna.load_study(study_name="fedavg-div", storage=f"sqlite:///{db}")
+    study = optuna.load_study(study_name="dies-div", storage=f"sqlite:///{db}")
     states = sorted(t.state.name for t in study.trials)
-    assert states == ["COMPLETE", "FAIL"]
+    assert states == ["COMPLETE", "FAIL", "FAIL"]
 
 
 def test_stopping_rules():
@@ -313,8 +328,6 @@ def test_sweep_report_and_reproduce_take_relative_and_home_paths(tmp_path, monke
             assert res.exit_code == 0 and len(trials(sweep_dir / "search")) == 1, res.output
         res = CliRunner().invoke(app, ["report", typed, "--out", f"{prefix}report"])
         assert res.exit_code == 0, res.output
-        import pandas as pd
-
         assert pd.read_parquet(folder / "report" / "best.parquet")["trials"].tolist() == [1]
         if not prefix:  # its --storage goes through the same path handling as the sweep's
             res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--rounds", "1", "--seeds", "1", "--storage", "repro",
