@@ -95,17 +95,23 @@ def test_a_trial_ray_tune_gave_up_on_is_reported_failed_with_its_reason(tmp_path
         (search / name / "result.json").write_text("".join(row(r) for r in range(1, rounds + 1)))
         if failures:
             (search / name / "error.txt").write_text("".join(died.format(n=n) for n in range(1, failures + 1)))
+    oom = json.dumps({"round": 2, "failed": "Out of memory ...", "retry": True}) + "\n"
+    for name, rows in {"out_of_memory_once_then_finished": row(1) + oom + row(3), "out_of_memory_at_the_end": row(1) + oom}.items():
+        (search / name).mkdir()  # reported every other round: the retry does not report round 2 again
+        (search / name / "params.json").write_text(json.dumps({"lr": 0.01}))
+        (search / name / "result.json").write_text(rows)
     res = invoke("report", tmp_path / "sweep", "--out", tmp_path / "report")
     assert res.exit_code == 0, res.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
     runs.index = [Path(r).name for r in runs["run"]]
+    assert runs.loc["out_of_memory_once_then_finished", "failed"] == "" and runs.loc["out_of_memory_at_the_end", "failed"] == "Out of memory ..."
     reason = f"{TRIAL_RETRIES + 1} failures, the last: The actor is dead because its worker process has died."
     assert runs.loc["gave_up_after_a_round", ["rounds_run", "failed"]].tolist() == [1, reason]
     assert runs.loc["gave_up_before_any_round", ["rounds_run", "failed"]].tolist() == [0, reason]
     assert runs.loc["retried_then_finished", "failed"] == runs.loc["retried_and_running", "failed"] == ""
     assert "not_started" not in runs.index
     best = pd.read_parquet(tmp_path / "report" / "best.parquet").iloc[0]
-    assert (best["trials"], best["failed"], best["stopped_early"]) == (4, 2, 1)  # a failed trial is not one stopped early
+    assert (best["trials"], best["failed"], best["stopped_early"]) == (6, 3, 1)  # a failed trial is not one stopped early
 
 
 @pytest.mark.parametrize("flag, value, words", [

@@ -129,7 +129,8 @@ def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_thei
     assert res.exit_code == 0, res.output  # failed trials, not unfinished ones
     assert "diverged" in res.output and died in " ".join(res.output.split())
     by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "dies-div" / "search")}
-    assert "diverged" in by_lr[1.0e12]["rows"][-1]["failed"] and (by_lr[1.0e12]["dir"] / "error.txt").exists()
+    assert "diverged" in by_lr[1.0e12]["rows"][-1]["failed"]
+    assert (by_lr[1.0e12]["dir"] / "error.txt").read_text().count("Failure #") == 1  # not retried: it would diverge again
     assert by_lr[0.05]["rows"][-1]["round"] == 3 and not by_lr[0.5]["rows"]  # it never reported a round
     res = CliRunner().invoke(app, ["report", str(tmp_path / "dies-div"), "--out", str(tmp_path / "report")])
     assert res.exit_code == 0, res.output

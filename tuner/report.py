@@ -145,10 +145,10 @@ def summarize(run: dict, select: str | None) -> dict:
 
 
 def _failure(rows: pd.DataFrame) -> str:
-    if "failed" not in rows:
+    """The failure its last row reports; one before it was retried past (out of memory once, then the rounds went on)."""
+    if "failed" not in rows or rows.empty or pd.isna(rows["failed"].iloc[-1]):
         return ""
-    reasons = rows["failed"].dropna()
-    return str(reasons.iloc[-1]) if len(reasons) else ""
+    return str(rows["failed"].iloc[-1])
 
 
 # --- the papers' tables

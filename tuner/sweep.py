@@ -68,7 +68,10 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         try:
             row = sim.step()
         except (DivergedError, OutOfMemory) as e:  # recorded as the trial's failure; the sweep goes on
-            tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, "failed": str(e)})
+            # A divergence recurs from any checkpoint (the run is seeded and resumes exactly), so it is not retried;
+            # out of memory may be a neighbour's on a shared GPU, so it is.
+            failure = {"failed": str(e), "retry": isinstance(e, OutOfMemory)}
+            tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, **failure})
             raise
         checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
         if not (checkpoint_due or sim.round % report_every == 0):
@@ -203,6 +206,14 @@ class SweepProgress(Callback):
 
     def on_experiment_end(self, trials, **info):
         self.progress.stop()
+
+
+class FinalFailures(Callback):
+    """A trial that reports a failure it would meet again is failed at once, not retried from its checkpoint."""
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get("failed") and not result.get("retry"):
+            trial.max_failures = 0  # read by Tune when the trial's error arrives, after this result
 
 
 STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
@@ -357,7 +368,7 @@ def run_stage(
                                         reuse_actors=True),  # fmt: skip
             run_config=tune.RunConfig(
                 name=stage, storage_path=str(sweep_dir), stop=stopper,
-                callbacks=[SweepProgress(expected or samples, rounds, metric), StorageWatch(sweep_dir / RESERVE_FILE)],
+                callbacks=[SweepProgress(expected or samples, rounds, metric), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
