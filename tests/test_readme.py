@@ -1,6 +1,7 @@
 """The README's main job, run exactly as the README writes it, from a copy of the repository."""
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -62,3 +63,12 @@ def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
     assert (report / "curves-digits-dir0.1-10.png").exists()
     tables = pd.read_parquet(report / "tables.parquet")  # the committed Fashion-MNIST reproduction beside the papers
     assert {"GPFL", "FedPAC"} <= set(tables["paper"]) and tables["ours_mean"].notna().any()
+
+
+def test_the_readmes_test_counts_are_the_suites():
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-m", "not slow"],
+                         cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    quick, whole = map(int, re.search(r"(\d+)/(\d+) tests collected", out).groups())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"the quick loop, {quick} tests in" in readme, f"README: the quick loop has {quick} tests"
+    assert f"on a fresh clone, {whole} tests in" in readme, f"README: the whole suite has {whole} tests"
