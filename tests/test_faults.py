@@ -82,24 +82,23 @@ def test_a_trial_ray_tune_gave_up_on_is_reported_failed_with_its_reason(tmp_path
     died = ("Failure # {n} (occurred at 2026-11-24_10-18-17)\nThe actor died unexpectedly before finishing this task.\n\tpid: 29797\n"
             "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Some common causes include: ...\n")  # fmt: skip
     row = lambda r: json.dumps({"round": r, "acc": 0.1 * r, "pid": 1}) + "\n"  # noqa: E731
-    trials = {  # name: (rounds reported, failures)
-        "gave_up_after_a_round": (1, TRIAL_RETRIES + 1),
-        "gave_up_before_any_round": (0, TRIAL_RETRIES + 1),
-        "retried_then_finished": (3, TRIAL_RETRIES),
-        "retried_and_running": (2, TRIAL_RETRIES),
-        "not_started": (0, 0),
+    oom = json.dumps({"round": 2, "failed": "Out of memory ...", "retry": True}) + "\n"
+    trials = {  # name: (result.json, failures)
+        "gave_up_after_a_round": (row(1), TRIAL_RETRIES + 1),
+        "gave_up_before_any_round": ("", TRIAL_RETRIES + 1),
+        "retried_then_finished": (row(1) + row(2) + row(3), TRIAL_RETRIES),
+        "retried_and_running": (row(1) + row(2), TRIAL_RETRIES),
+        "not_started": ("", 0),
+        # reported every other round: the retry past the failure did not report round 2 again
+        "out_of_memory_once_then_finished": (row(1) + oom + row(3), 0),
+        "out_of_memory_at_the_end": (row(1) + oom, 0),
     }
-    for name, (rounds, failures) in trials.items():
+    for name, (rows, failures) in trials.items():
         (search / name).mkdir()
         (search / name / "params.json").write_text(json.dumps({"lr": 0.01}))
-        (search / name / "result.json").write_text("".join(row(r) for r in range(1, rounds + 1)))
+        (search / name / "result.json").write_text(rows)
         if failures:
             (search / name / "error.txt").write_text("".join(died.format(n=n) for n in range(1, failures + 1)))
-    oom = json.dumps({"round": 2, "failed": "Out of memory ...", "retry": True}) + "\n"
-    for name, rows in {"out_of_memory_once_then_finished": row(1) + oom + row(3), "out_of_memory_at_the_end": row(1) + oom}.items():
-        (search / name).mkdir()  # reported every other round: the retry does not report round 2 again
-        (search / name / "params.json").write_text(json.dumps({"lr": 0.01}))
-        (search / name / "result.json").write_text(rows)
     res = invoke("report", tmp_path / "sweep", "--out", tmp_path / "report")
     assert res.exit_code == 0, res.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")

@@ -234,7 +234,7 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
 
 
 # A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
-# many times before Ray Tune gives up on it (max_failures); a diverging run diverges again and fails the same way.
+# many times before Ray Tune gives up on it (max_failures); a diverging one is not retried (sweep.FinalFailures).
 TRIAL_RETRIES = 2
 
 
