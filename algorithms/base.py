@@ -23,9 +23,15 @@ samples and local steps. `stats` are sums over the client's data that `statistic
 `algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
 (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
 
-Modules a method adds to the backbone (GPFL's valve, FedCP's policy network) are drawn when it is
-built, right after the backbone and under the run's seed (tuner/run.py `build_method`); what it
-draws later draws from `Training.seed` itself (pFedHN's hypernetwork in `init_server`).
+Randomness is part of the contract: a method never draws from a global or device generator during
+a round. Modules it adds to the backbone (GPFL's valve, FedCP's policy network) are drawn on the
+CPU when it is built, right after the backbone and under the run's seed (tuner/run.py
+`build_method`), then moved; what it draws later draws on the CPU from `Training.seed` itself
+(pFedHN's hypernetwork in `init_server`, `Net.fresh`). Noise during training or prediction (FedCP's
+Gumbel policy) is keyed: a method with `draws = True` finds a 0-dim key under `state[DRAW_KEY]` in
+loss, logits and statistics, different for every (seed, round, stream, client, step), and turns it
+into noise with `algorithms.common.uniform` / `gumbel` (integer hashing: the same numbers on every
+device, in both executors). vmap refuses any other draw.
 
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
@@ -43,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.common import State, weighted_mean
+from algorithms.common import DRAW_KEY, State, weighted_mean  # noqa: F401  DRAW_KEY: part of the contract
 
 
 class Unsupported(ValueError):
@@ -90,14 +96,16 @@ class Net:
         return {prefix + k: model[k].clone() for k in self.param_keys + self.buffer_keys}
 
     def fresh(self, seed: int) -> State:
-        """Another random initialisation of the backbone, the same for a given seed (k-model methods)."""
-        module = copy.deepcopy(self.module)
+        """Another random initialisation of the backbone, the same for a given seed on every device
+        (k-model methods): drawn on a CPU copy from the CPU generator alone, then moved."""
+        device = next(self.module.parameters()).device
+        module = copy.deepcopy(self.module).cpu()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.random.default_generator.manual_seed(seed)  # torch.manual_seed would reseed CUDA's, unrestored
             for m in module.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-        return {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+        return {k: v.detach().to(device, copy=True) for k, v in module.state_dict(keep_vars=True).items()}
 
     def stacked(self, models: list[State], prefix: str) -> State:
         """Several models in one state: each tensor under `prefix`, stacked along a new dim 0."""
@@ -251,6 +259,7 @@ class Method:
     passes: ClassVar[Passes] = Passes()
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
+    draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 

@@ -1,5 +1,5 @@
 """Idioms several methods share, written once: averages, sub-states, label counts, a plain
-cross-entropy, per-client slots on the server, and the MMD of FedCP and FedPHP."""
+cross-entropy, per-client slots on the server, the MMD of FedCP and FedPHP, and keyed noise."""
 
 from __future__ import annotations
 
@@ -59,3 +59,40 @@ def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return sum(torch.exp(-0.5 * d / h) for h in MMD_BANDWIDTHS)
 
     return kernel(a, a).mean() + kernel(b, b).mean() - 2 * kernel(a, b).mean()
+
+
+# --- keyed noise: how a method draws (docs/engine.md, "How a method draws")
+DRAW_KEY = "draw.key"  # a drawing method's loss and logits find their key under this name in the state
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2**32 for 0 <= x < 2**32, in int64 without overflow (16-bit halves of c)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection that mixes every input bit into every output bit."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform(key: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Uniform numbers in (0, 1) as a function of a 0-dim int64 key (32 bits) and each element's position:
+    integer arithmetic, so the same on every device, under vmap and in a compiled step."""
+    n = 1
+    for d in shape:
+        n *= d
+    counter = torch.arange(n, device=key.device, dtype=torch.int64)
+    bits = _hash32(_hash32(key) ^ _mul32(counter, 0x9E3779B9))
+    return ((bits.to(dtype) + 0.5) / 2.0**32).view(shape)
+
+
+def gumbel(key: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Standard Gumbel noise, -log(-log U), keyed like `uniform`."""
+    return -torch.log(-torch.log(uniform(key, shape, dtype)))

@@ -18,6 +18,9 @@ global extractor and MMD; cpn=False feeds h to both heads; cpn=False, gh=False k
 personal head.
 
 `fedcp-gumbel` is PFLlib's form (clientcp.py): the policy by Gumbel-softmax (τ = 1), also at inference.
+Its noise is keyed (algorithms/common.py `gumbel`, from the engine's per-step key), not drawn from
+torch's global stream as PFLlib's F.gumbel_softmax does: the same distribution, the same numbers on
+every device and executor. Runs of it before 2026-11-25 drew other (equally distributed) noise.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from torch import nn
 from torch.func import functional_call
 
 from algorithms.base import Method, Passes, Unsupported, variant
-from algorithms.common import mmd, prefixed, substate
+from algorithms.common import DRAW_KEY, gumbel, mmd, prefixed, substate
+
 
 @dataclass
 class FedCPHparams:
@@ -58,7 +62,7 @@ class FedCP(Method):
         k = net.feature_dim
         device = next(net.module.parameters()).device
         self.policy_net = nn.Sequential(nn.Linear(k, 2 * k), nn.LayerNorm(2 * k), nn.ReLU()).to(device)
-        self.random_input = torch.randn(k, device=device)  # the CPN input when both vectors are ablated
+        self.random_input = torch.randn(k).to(device)  # the CPN input when both vectors are ablated (drawn on the CPU: the same on every device)
         # v_i reduces the head's first weight matrix (C x K, or the first layer of an MLP head) over its rows
         shapes = dict(net.module.named_parameters())
         self.head_weight = next(k for k in net.keys(("head.",)) if shapes[k].dim() == 2)
@@ -93,10 +97,10 @@ class FedCP(Method):
         else:
             condition = self.random_input.to(h.dtype).expand_as(h)
         a = functional_call(self.policy_net, substate(state, "cpn."), (condition,)).view(*h.shape, 2)
-        policy = self._pairwise(a)
+        policy = self._pairwise(a, state)
         return policy[..., 0], policy[..., 1]  # r_i, s_i
 
-    def _pairwise(self, a):
+    def _pairwise(self, a, state):
         return torch.softmax(a, dim=-1)  # eq. 4
 
     def _frozen(self, state, server):
@@ -133,9 +137,10 @@ class FedCPGumbel(FedCP):
     name = "fedcp-gumbel"
     title = "FedCP-Gumbel"
     family = "fedcp"
+    draws = True  # fresh Gumbel noise every step and every evaluated batch
 
-    def _pairwise(self, a):
-        return F.gumbel_softmax(a, tau=1.0, dim=-1)
+    def _pairwise(self, a, state):
+        return torch.softmax(a + gumbel(state[DRAW_KEY], a.shape, a.dtype), dim=-1)  # F.gumbel_softmax, τ = 1, soft
 
 
 # Table 1

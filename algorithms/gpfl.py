@@ -69,7 +69,7 @@ class GPFL(Method):
         device = next(net.module.parameters()).device
         self.valve = ConditionalValve(k).to(device)
         self.embeddings = nn.Embedding(u, k).to(device)
-        self.constants = torch.randn(2, k, device=device)  # a and b of the ablations, identical across clients
+        self.constants = torch.randn(2, k).to(device)  # a and b of the ablations, identical across clients (drawn on the CPU: the same on every device)
 
     def init_client(self, model):
         state = {**super().init_client(model), **prefixed(self.valve, "cov."), "gpfl.alpha": torch.zeros(self.training.num_classes)}

@@ -74,8 +74,8 @@ class PFedHN(Method):
         return Hypernetwork(self.training.clients, shapes, self.hp.hidden, self.hp.layers)
 
     def init_server(self, model):
-        with torch.random.fork_rng(devices=[]):  # drawn from the run's seed, leaving the run's stream as it was
-            torch.manual_seed(self.training.seed)
+        with torch.random.fork_rng(devices=[]):  # drawn on the CPU from the run's seed, every generator left as it was
+            torch.random.default_generator.manual_seed(self.training.seed)
             phi = prefixed(self.build().to(model[self.net.param_keys[0]].device), HN)
         return {**phi, **{MOMENTUM + k: torch.zeros_like(v) for k, v in phi.items()}}
 

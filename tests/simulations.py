@@ -52,9 +52,12 @@ def exact_config(method: str, **kw) -> RunConfig:
 
 @lru_cache(maxsize=None)
 def reference_run(method: str):
+    """Two rounds on the sequential executor; `sim.drew_globally` says whether a round read torch's global generator."""
     sim = build_simulation(exact_config(method, executor="sequential"))
+    generator = torch.get_rng_state()
     for _ in range(2):
         sim.step()
+    sim.drew_globally = not torch.equal(generator, torch.get_rng_state())
     return sim
 
 

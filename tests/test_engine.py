@@ -33,6 +33,7 @@ def digits(method, **kw):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
     seq = reference_run(method)
+    assert not seq.drew_globally  # a draw from torch's generator would differ on a GPU (vmap refuses one outright)
     vec, vec_rows = run_rounds(exact_config(method, executor="vectorized"), 2)
     assert_equal_states(seq, vec)
     for a, b in zip(seq.history, vec_rows):
@@ -257,3 +258,41 @@ def test_a_configuration_is_resolved_once_with_its_device_decided():
     assert cfg.resolved() is cfg and cfg.device == "cpu" and cfg.executor == "vectorized" and cfg.lr == 0.005
     again = replace(cfg, lr=0.1)  # a changed configuration is a new one, resolved anew
     assert again.resolved() is not again and again.resolved().lr == 0.1
+
+
+# --- randomness is part of the method contract
+def test_a_drawing_methods_trajectory_ignores_torchs_generators_and_its_noise_matters():
+    straight, _ = run_rounds(exact_config("fedcp-gumbel", executor="vectorized"), 2)
+    perturbed = build_simulation(exact_config("fedcp-gumbel", executor="vectorized"))
+    for r in range(2):
+        torch.manual_seed(1234 + r)  # what another run in the process, or a library, would do to the global streams
+        perturbed.step()
+    assert_equal_states(straight, perturbed)
+    softmax, _ = run_rounds(exact_config("fedcp", executor="vectorized"), 2)
+    assert not torch.allclose(softmax.clients["cpn.0.weight"], straight.clients["cpn.0.weight"])  # the Gumbel noise was drawn
+
+
+def test_keyed_noise_is_a_function_of_key_and_position_alone():
+    from algorithms.common import gumbel, uniform
+
+    key = torch.tensor(12345)
+    u = uniform(key, (4000,), torch.float64)
+    assert torch.equal(u, uniform(key, (4000,), torch.float64)) and 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.02 and abs(u.var().item() - 1 / 12) < 0.01  # uniform's moments
+    assert not torch.equal(u, uniform(torch.tensor(12346), (4000,), torch.float64))
+    keys = torch.tensor([7, 8, 9])
+    looped = torch.stack([gumbel(k, (5, 2), torch.float64) for k in keys])
+    assert torch.equal(torch.vmap(lambda k: gumbel(k, (5, 2), torch.float64), randomness="error")(keys), looped)  # vmap draws what a loop draws
+    g = gumbel(key, (20000,), torch.float64)
+    assert abs(g.mean().item() - 0.5772) < 0.03  # the Euler-Mascheroni constant: Gumbel(0, 1)'s mean
+
+
+def test_a_backbone_that_draws_is_refused_under_vmap(monkeypatch):
+    def dropout_mlp(input_shape, num_classes):
+        body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.Dropout(0.5))
+        return Backbone(body, nn.Linear(16, num_classes), 16)
+
+    monkeypatch.setitem(BACKBONES, "dropout_mlp", dropout_mlp)
+    sim = build_simulation(digits("fedavg", executor="vectorized", backbone="dropout_mlp"))
+    with pytest.raises(UserError, match=r"FedAvg\.loss draws random numbers from torch's generator \(a Dropout in the backbone\?\)"):
+        sim.step()

@@ -19,7 +19,7 @@ from tuner.data.datasets import LOADERS, NORMALIZATIONS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
-from tuner.executors import EXECUTORS
+from tuner.executors import ENGINES, EXECUTORS
 from tuner.errors import UserError
 from tuner.data.user_data import is_user_data, load_user_data
 from tuner.models import BACKBONES, backbone_for
@@ -50,6 +50,13 @@ def auto_executor(device: str, batch_size: int) -> str:
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
+
+
+def auto_engine(device: str) -> str:
+    """Compiled on a GPU, where a step of small batches is launch overhead that one captured program
+    removes; eager on a CPU, where a step is arithmetic, compiling costs more than it saves
+    (docs/performance.md, "Compiled steps"), and the compiler needs a C++ toolchain."""
+    return "compiled" if device.startswith("cuda") else "eager"
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class RunConfig:
     data_dir: str | None = None
     download: bool = True
     executor: str = "auto"  # auto: auto_executor's rule for the run's device and batch
+    engine: str = "auto"  # how a training step runs: eager or compiled; auto: auto_engine's rule for the device
     device: str = "auto"
     deterministic: bool = False  # torch.use_deterministic_algorithms, so a CUDA run resumes bit for bit
     dtype: str = "float32"  # float64: exact comparisons (executor equality, resume) where rounding must not pass for a mismatch
@@ -114,8 +122,10 @@ class RunConfig:
         hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
+        engine = auto_engine(device) if self.engine == "auto" else self.engine
         run["backbone"] = canonical(run["backbone"])
-        out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor, hparams=hp)._checked()
+        out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,
+                      engine=engine, hparams=hp)._checked()  # fmt: skip
         object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
         return out
 
@@ -157,6 +167,8 @@ class RunConfig:
             raise UserError(f"Unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}.")
         if self.executor not in EXECUTORS:
             raise UserError(f"Unknown executor '{self.executor}'; choose one of auto, {', '.join(EXECUTORS)}.")
+        if self.engine not in ENGINES:
+            raise UserError(f"Unknown engine '{self.engine}'; choose one of auto, {', '.join(ENGINES)}.")
         if self.lr <= 0:
             raise UserError(f"Setting lr must be positive, not {self.lr}.")
         try:

@@ -1,11 +1,18 @@
 """Every random draw of a run as a function of (seed, round, stream, client): the cohort, each
-client's batch order, its augmentation seed. Nothing depends on call order, so both executors
-draw alike and a run restored from a checkpoint draws exactly what it would have."""
+client's batch order, its augmentation seed, the keys of a method's noise. All are drawn on the
+CPU and moved, nothing depends on call order, so both executors and every device draw alike and a
+run restored from a checkpoint draws exactly what it would have."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+
+# Streams: which part of a round a draw belongs to (a training phase p of a round is stream p).
+FINE_TUNE_STREAM = 1000  # evaluation-time fine-tuning's phases, apart from training's
+STATISTICS_STREAM = 2000  # statistics passes: 2000 before local training, 2001 after
+TEST_STREAM, VAL_STREAM = 3000, 3001  # evaluation on each split
 
 
 def _mix(*ints: int) -> int:
@@ -33,3 +40,10 @@ def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch:
 def augment_seed(seed: int, rnd: int, stream: int, client: int) -> int:
     """The seed of a client's augmentation draws (crops and flips) in one phase of one round."""
     return _mix(seed, rnd, stream, client, 0xA6)
+
+
+def draw_keys(seed: int, rnd: int, stream: int, client: int, count: int) -> torch.Tensor:
+    """`count` 32-bit keys (int64) for a client's steps or batches in one stream of one round: what a
+    drawing method's noise is made from (algorithms/common.py `uniform`)."""
+    words = np.random.SeedSequence([seed, rnd, stream, client, 0xD7]).generate_state(max(count, 1))[:count]
+    return torch.from_numpy(words.astype(np.int64))

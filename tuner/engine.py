@@ -5,9 +5,10 @@ broadcast the result to every client, and evaluate every client's personalized m
 per-client work is the executors' (tuner/executors.py): one training loop and one summing loop,
 mapped one client at a time or over the whole cohort with vmap.
 
-All randomness (cohort sampling, batch order, augmentation: tuner/draws.py) is a function of
-(seed, round, stream, client), so a saved state (round, server and client tensors, history)
-restores a run exactly.
+All randomness (cohort sampling, batch order, augmentation, the keys of a method's noise:
+tuner/draws.py) is a function of (seed, round, stream, client), drawn on the CPU, so a saved
+state (round, server and client tensors, history) restores a run exactly and a run on a GPU
+draws what it draws on a CPU; no global or device generator is read during a round.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ import torch.nn.functional as F
 
 from algorithms.base import Method, Round, State
 from tuner.data.federated import FederatedData
-from tuner.draws import sample_cohort
+from tuner.draws import FINE_TUNE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
 from tuner.errors import DivergedError
 from tuner.executors import EngineSettings, float_type, make_executor
-
-FINE_TUNE_STREAM = 1000  # batch-order stream of evaluation-time fine-tuning, apart from training's phases
 
 
 def split_metrics(correct: torch.Tensor, loss_sum: torch.Tensor, counts: list[int]) -> dict[str, float]:
@@ -54,7 +53,6 @@ class Simulation:
         self.method, self.data, self.settings = method, data, settings
         self.executor = make_executor(settings.executor, method, data, settings)
         model = method.net.initial_state()
-        torch.manual_seed(settings.seed)  # the run's noise stream (FedCP's Gumbel option); saved with the state
         n = data.num_clients
         dtype = next(v.dtype for v in model.values() if v.is_floating_point())
         as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731  method modules are float32
@@ -98,7 +96,8 @@ class Simulation:
         stats = {}
         if with_statistics:
             split = self.data.holdout or self.data.train
-            stats = self.executor.sum_over(self.method.statistics, cohort, self.server, split, "statistics", at)
+            stream = STATISTICS_STREAM + (name == "end_local")
+            stats = self.executor.sum_over(self.method.statistics, cohort, self.server, split, "statistics", at, stream)
         return {**cohort, **self._per_client(hook, name, cohort, at, stats)}
 
     def _accuracy(self, state, server, x, y, w):
@@ -129,10 +128,10 @@ class Simulation:
         if self.method.passes.memory:
             clients = {**clients, **self._memory(clients, at)}
         row = {}
-        for prefix, split in (("", self.data.test), ("val_", self.data.val)):
+        for prefix, split, stream in (("", self.data.test, TEST_STREAM), ("val_", self.data.val, VAL_STREAM)):
             if split is None:
                 continue
-            sums = self.executor.sum_over(self._accuracy, clients, self.server, split, "logits", at)
+            sums = self.executor.sum_over(self._accuracy, clients, self.server, split, "logits", at, stream)
             m = split_metrics(sums["correct"].cpu(), sums["loss"].cpu().double(), split.counts)
             if prefix:
                 row |= {"val_acc": m["acc"], "val_loss": m["loss"]}
@@ -189,17 +188,11 @@ class Simulation:
     # --- exact save / restore
     def state_dict(self) -> dict:
         cpu = lambda d: {k: v.detach().cpu() for k, v in d.items()}  # noqa: E731
-        return {
-            "round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history),
-            "torch_rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        }  # fmt: skip
+        return {"round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
         self.server = {k: v.to(self.device) for k, v in state["server"].items()}
         self.clients = {k: v.to(self.device) for k, v in state["clients"].items()}
-        self.history = list(state["history"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"]:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.history = list(state["history"])  # an older checkpoint's generator states are not needed: nothing draws from them
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)

@@ -2,7 +2,14 @@
 stacked along dim 0, mapped one client at a time (`sequential`, the reference, which names the
 hook, round and client of a failure in a method's code) or all at once with torch.func.vmap
 (`vectorized`). Clients with fewer batches drop out of a step: the cohort is sorted by step
-count, so the clients still active are always a prefix of the stack."""
+count, so the clients still active are always a prefix of the stack.
+
+A training step runs one of two ways (`engine`): `eager`, the reference, updates the active
+prefix in place; `compiled` runs the whole step (forward, backward, the optimizer's update) as one
+torch.compile'd program of fixed shapes, the active clients padded to a power of two (so a run
+compiles at most log2(cohort) + 1 programs, and none twice) with the padded rows' results
+discarded; on CUDA as CUDA graphs (mode reduce-overhead). Both give the same numbers (tests hold
+them equal in float64)."""
 
 from __future__ import annotations
 
@@ -13,13 +20,14 @@ import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from algorithms.base import Method, Phase, Round, State
+from algorithms.base import DRAW_KEY, Method, Phase, Round, State
 from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
-from tuner.draws import augment_seed, batch_schedule
-from tuner.errors import OutOfMemory
+from tuner.draws import augment_seed, batch_schedule, draw_keys
+from tuner.errors import OutOfMemory, UserError
 
 EXECUTORS = ("vectorized", "sequential")
+ENGINES = ("eager", "compiled")
 
 
 @dataclass
@@ -30,6 +38,7 @@ class EngineSettings:
     join_ratio: tuple[float, float] = (1.0, 1.0)  # fixed when equal, else drawn uniformly each round
     eval_gap: int = 1
     executor: str = "vectorized"
+    engine: str = "eager"  # how a training step runs: eager (the reference) or compiled
     cohort_chunk: int = 0  # clients per step; 0 = the whole cohort
     eval_batch: int = 256  # samples per client per evaluation step
     augment: bool = False  # random crop + flip of training images (tuner/data/augment.py)
@@ -47,6 +56,62 @@ def _stack(rows: list):
     return tree_unflatten([torch.stack(c) for c in columns], tree_flatten(rows[0])[1])
 
 
+class EagerStep:
+    """The reference step: the active prefix of the chunk's tensors, updated in place."""
+
+    def __init__(self, grad: Callable, phase: Phase):
+        self.grad, self.optimizer = grad, phase.optimizer
+
+    def rows(self, active: int, total: int) -> int:
+        return active
+
+    def __call__(self, params: State, opt_state: State, rest: State, server: State, x, y, active: int) -> torch.Tensor:
+        g, loss = self.grad(params, rest, server, x, y)
+        self.optimizer.step(params, g, opt_state)
+        return loss
+
+
+def pure_step(grad: Callable, phase: Phase, is_buffer: Callable[[str], bool]) -> Callable:
+    """A step as a pure function of one client's tensors or a stack of them (grad mapped over it): new
+    parameters, optimizer state and BatchNorm statistics, and the loss; a row that is not `active`
+    (a padded row of a compiled cohort) keeps what it had and adds 0 to the loss."""
+
+    def step(params, opt_state, rest, server, x, y, active):
+        stats = {k: v.clone() for k, v in rest.items() if is_buffer(k)}  # the forward updates these in place
+        g, loss = grad(params, {**rest, **stats}, server, x, y)
+        new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
+        phase.optimizer.step(new_params, g, new_opt)
+
+        def keep(new: State, old: State) -> State:
+            return {k: torch.where(active.view(active.shape + (1,) * (v.dim() - active.dim())), v, old[k]) for k, v in new.items()}
+
+        return keep(new_params, params), keep(new_opt, opt_state), keep(stats, rest), torch.where(active, loss, torch.zeros_like(loss))
+
+    return step
+
+
+class CompiledStep:
+    """The step as compiled programs of fixed shapes, one per number of rows; results written back in place."""
+
+    def __init__(self, program: Callable, pad: bool):
+        self.program, self.pad = program, pad
+        self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
+
+    def rows(self, active: int, total: int) -> int:
+        return min(total, 1 << (active - 1).bit_length()) if self.pad else active
+
+    def __call__(self, params, opt_state, rest, server, x, y, active):
+        rows = len(y)
+        key = (rows, active, y.device)
+        if key not in self.masks:
+            self.masks[key] = torch.arange(rows, device=y.device) < active
+        new_params, new_opt, new_stats, loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
+        for old, new in ((params, new_params), (opt_state, new_opt), (rest, new_stats)):
+            if new:
+                torch._foreach_copy_([old[k] for k in new], list(new.values()))
+        return loss
+
+
 class MethodFailed(RuntimeError):
     """A method's code raised; the sequential executor names the hook, the round and the client."""
 
@@ -58,6 +123,7 @@ class Executor:
         self.method = method
         self.data = data
         self.settings = settings
+        self.compiled: dict[tuple, CompiledStep] = {}
 
     def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
         """fn applied to each row of the arguments whose in_dim is 0, stacked; row i is client `at.clients[i]`
@@ -97,6 +163,24 @@ class Executor:
 
         return grad_and_value(f)
 
+    def step(self, phase: Phase, trains: list[str], at: Round) -> EagerStep | CompiledStep:
+        """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
+        program each round would recompile (tests count the compilations)."""
+        grad = self._step_loss(phase)
+        if self.settings.engine == "eager":
+            return EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase)
+        key = (phase, tuple(trains))
+        if key not in self.compiled:
+            self.compiled[key] = self.compile(grad, phase)
+        return self.compiled[key]
+
+    def compile(self, grad: Callable, phase: Phase) -> CompiledStep:
+        raise NotImplementedError
+
+    def shapes_compiled(self) -> int:
+        """Distinct (step, rows) programs the run has needed: what dynamo should have compiled, once each."""
+        return sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())  # sequential: one client's shape
+
     def _inputs(self, idx: torch.Tensor, draws: torch.Tensor | None) -> torch.Tensor:
         """Training inputs of the rows idx: augmented on the stored pixels, then decoded."""
         x = self.data.train.x[idx]
@@ -117,41 +201,45 @@ class Executor:
         steps = torch.zeros(len(ids), device=device)
         self.method.net.module.train()
         for p_idx, phase in enumerate(phases):
-            grad_fn = self._step_loss(phase)
             keys = self._trainable(phase, cohort)
             batch = phase.batch or run_batch
             stream = stream_base + p_idx
             scheds = [batch_schedule(s.seed, at.number, stream, i, train.counts[i], batch, phase.epochs)[: phase.steps] for i in ids]
             draws = [augment_draws(augment_seed(s.seed, at.number, stream, i), *q.shape) for i, q in zip(ids, scheds)] if s.augment else None
+            noise = [draw_keys(s.seed, at.number, stream, i, len(q)) for i, q in zip(ids, scheds)] if self.method.draws else None
 
             def run_chunk(part: range) -> None:
                 order = sorted(part, key=lambda j: -len(scheds[j]))  # most steps first
                 n_steps = [len(scheds[j]) for j in order]
                 if n_steps[0] == 0:
                     return
+                # The chunk's whole schedule (batch rows, augmentation, noise keys) in one copy each; rows past a
+                # client's last step stay 0, which a padded row of a compiled step reads and discards.
                 index = torch.zeros(len(order), n_steps[0], batch, dtype=torch.long)
                 aug = None if draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
+                key = None if noise is None else torch.zeros(len(order), n_steps[0], dtype=torch.long)
                 for r, j in enumerate(order):
                     index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
                     if aug is not None:
                         aug[r, : n_steps[r]] = draws[j]
-                index = index.to(device)  # the chunk's whole schedule in one copy
-                aug = None if aug is None else aug.to(device)
+                    if key is not None:
+                        key[r, : n_steps[r]] = noise[j]
+                index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
                 active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
                 order_t = torch.tensor(order, device=device)
-                clients = at.clients[order_t]
                 params = {k: cohort[k][order_t].clone() for k in keys}
                 rest = {k: v[order_t].clone() for k, v in cohort.items() if k not in params}
                 opt_state = phase.optimizer.init(params)
                 chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
-                step = self.mapped(grad_fn, (0, 0, None, 0, 0), "loss", replace(at, clients=clients))  # row i: clients[i]
+                step = self.step(phase, keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
                 for t, a in enumerate(active):
-                    idx = index[:a, t]
-                    x = self._inputs(idx, None if aug is None else aug[:a, t])
-                    p_a = {k: v[:a] for k, v in params.items()}
-                    g, loss = step(p_a, {k: v[:a] for k, v in rest.items()}, server, x, train.y[idx])
-                    phase.optimizer.step(p_a, g, {k: v[:a] for k, v in opt_state.items()})
-                    chunk_loss[:a] += loss.detach()  # no host sync per step
+                    rows = step.rows(a, len(order))
+                    idx = index[:rows, t]
+                    x = self._inputs(idx, None if aug is None else aug[:rows, t])
+                    head = lambda d: {k: v[:rows] for k, v in d.items()}  # noqa: E731  views: updates land in the chunk
+                    rest_t = head(rest) if key is None else {**head(rest), DRAW_KEY: key[:rows, t]}
+                    loss = step(head(params), head(opt_state), rest_t, server, x, train.y[idx], a)
+                    chunk_loss[:rows] += loss.detach()  # no host sync per step
                 for k, v in {**params, **rest}.items():
                     cohort[k][order_t] = v
                 losses[order_t] += chunk_loss
@@ -161,9 +249,9 @@ class Executor:
         return (losses / steps.clamp(min=1)).cpu()
 
     @torch.no_grad()
-    def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round) -> State:
+    def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round, stream: int) -> State:
         """Sum fn(state, server, x, y, w) over each client's samples of a split, eval_batch at a time;
-        padded samples carry w = 0."""
+        padded samples carry w = 0. A drawing method's state holds a key per client and batch (`stream`)."""
         self.method.net.module.eval()
         device = split.y.device
         ids = at.clients.tolist()
@@ -176,13 +264,17 @@ class Executor:
             state = {k: v[rows_t] for k, v in states.items()}
             counts = [split.counts[ids[j]] for j in rows]
             width = min(self.settings.eval_batch, max(counts[0], 1))  # no wider than the largest client: padding costs
+            starts = range(0, max(counts[0], 1), width)
+            if self.method.draws:
+                seed = self.settings.seed
+                state[DRAW_KEY] = torch.stack([draw_keys(seed, at.number, stream, ids[j], len(starts)) for j in rows]).to(device)
             summed = self.mapped(fn, (0, None, 0, 0, 0), hook, replace(at, clients=clients))  # row i: clients[i]
             total: State = {}
-            for start in range(0, max(counts[0], 1), width):
+            for b, start in enumerate(starts):
                 a = max(1, sum(1 for c in counts if c > start))
                 index, mask = split.padded_index(clients[:a], start, width)
-                part_out = summed({k: v[:a] for k, v in state.items()}, server, self.data.decode(split.x[index]), split.y[index],
-                                  mask.to(float_type(states)))  # fmt: skip
+                batch_state = {k: v[:a, b] if k == DRAW_KEY else v[:a] for k, v in state.items()}
+                part_out = summed(batch_state, server, self.data.decode(split.x[index]), split.y[index], mask.to(float_type(states)))
                 if not total:
                     total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
                 for k, v in part_out.items():
@@ -212,12 +304,51 @@ class SequentialExecutor(Executor):
 
         return one_by_one
 
+    def compile(self, grad, phase):
+        """One program of one client's shapes, called client by client (no padding needed)."""
+        program = compile_program(pure_step(grad, phase, self.method.net.is_buffer), self.data.train.y.device)
+
+        def one_by_one(params, opt_state, rest, server, x, y, active):
+            rows = [program(*[tree_map(lambda t: t[i], a) for a in (params, opt_state, rest)], server, x[i], y[i], active[i]) for i in range(len(y))]
+            return _stack(rows)
+
+        return CompiledStep(one_by_one, pad=False)
+
+
+def compile_program(fn: Callable, device: torch.device) -> Callable:
+    """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one); CUDA graphs on a GPU.
+
+    Every program of every run shares one code object (pure_step's), and torch specialises on the
+    method's and optimizer's numbers (a trial with another λ or lr compiles anew), so dynamo's limit of
+    8 programs a code object is raised, and reaching it fails rather than falling back to eager unseen."""
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
+
 
 class VectorizedExecutor(Executor):
     """The whole cohort at once."""
 
     def mapped(self, fn, in_dims, hook, at):
-        return vmap(fn, in_dims=in_dims, randomness="different")
+        mapped = vmap(fn, in_dims=in_dims, randomness="error")  # a method draws from keys, never from a generator
+
+        def refusing_draws(*args):
+            try:
+                return mapped(*args)
+            except RuntimeError as e:
+                if "randomness error mode" not in str(e):
+                    raise
+                raise UserError(
+                    f"{type(self.method).__name__}.{hook} draws random numbers from torch's generator (a Dropout in the backbone?), which "
+                    "differs between devices and cannot be vectorized; draw keyed noise (docs/engine.md) or use executor=sequential."
+                ) from None
+
+        return refusing_draws
+
+    def compile(self, grad, phase):
+        program = pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.net.is_buffer)
+        return CompiledStep(compile_program(program, self.data.train.y.device), pad=True)
 
 
 def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:

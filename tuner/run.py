@@ -86,7 +86,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         data = replace(data, decode=_decoding_to(getattr(torch, cfg.dtype), data.decode))
     method = build_method(cfg, data)
     settings = EngineSettings(
-        seed=cfg.seed, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap, executor=cfg.executor, cohort_chunk=cfg.cohort_chunk,
+        seed=cfg.seed, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap, executor=cfg.executor, engine=cfg.engine, cohort_chunk=cfg.cohort_chunk,
         eval_batch=cfg.eval_batch, augment=cfg.augment, full_last_round=cfg.full_last_round,
     )  # fmt: skip
     return Simulation(method, data, settings)
@@ -98,8 +98,8 @@ def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     method_cls = method_class(cfg.method)
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
                         cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed)  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
+        torch.random.default_generator.manual_seed(cfg.seed)
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
         try:
             return method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
