@@ -1,88 +1,172 @@
-"""Rounds per second of FedAvg + cnn4 on a Fashion-MNIST practical partition, three ways, one run.
+"""Seconds per round of the engine in the papers' Table 1 settings, eager against compiled, one run,
+ratios first.
 
-- sequential: the reference executor, one client after another;
-- vectorized: the whole cohort per step with torch.func.vmap;
-- ceiling:    the same number of training samples through one model, one large batch
-              (batch_size x clients) per step: what the hardware does with no federation at all.
+For each method (default: FedAvg, GPFL, FedCP on Fashion-MNIST dir:0.1, 20 clients, cnn4, batch
+10, 1 local epoch; FedPAC on pac:20 under its protocol), training only (evaluation off), after a
+warm-up round that compiles every program the round needs:
 
-Training only (evaluation is switched off with a large eval_gap), after one warm-up round.
-Usage: python bench/engine_speed.py [--rounds 2] [--device auto] [--clients 20]
+- eager / compiled     s/round of the vectorized executor on each engine, and their ratio;
+- ceiling              FedAvg only: the same training samples through one model in batches of
+                       batch x clients (no federation at all), compiled: what the device does
+                       with the round's arithmetic when nothing is small;
+- chain bound          the longest client's steps x the time of one compiled single-client step:
+                       clients train in parallel but each one's steps are sequential, so no
+                       round can be faster;
+- recompiles           programs compiled during the timed rounds (must be 0).
+
+Also `--sequential` times the sequential executor (the reference, slow). Usage:
+    python bench/engine_speed.py [--methods fedavg gpfl fedcp fedpac] [--rounds 2] [--device auto]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from torch.func import grad_and_value
 
 from tuner.config import RunConfig
+from tuner.executors import compile_program
 from tuner.run import build_simulation
 
+TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
+    "fedavg": dict(partition="dir:0.1"),
+    "gpfl": dict(partition="dir:0.1"),
+    "fedcp": dict(partition="dir:0.1"),
+    "fedpac": dict(partition="pac:20", protocol="fedpac"),
+}
 
-def rounds_per_second(sim, rounds: int, sync) -> float:
-    sim.step()  # warm-up
+
+def table1(method: str, device: str, **kw) -> RunConfig:
+    base = dict(method=method, dataset="fmnist", clients=20, eval_gap=10**6, device=device, executor="vectorized", rounds=10**6)
+    if method in ("fedavg", "gpfl", "fedcp"):
+        base |= dict(backbone="cnn4", batch_size=10, local_epochs=1)
+    return RunConfig(**{**base, **TABLE1.get(method, TABLE1["fedavg"]), **kw})
+
+
+def synchronizer(sim):
+    return torch.cuda.synchronize if sim.data.train.y.is_cuda else (lambda: None)
+
+
+def seconds_per_round(sim, rounds: int) -> tuple[float, float, int]:
+    """(warm-up round's seconds, timed seconds per round, programs compiled during the timed rounds)."""
+    sync = synchronizer(sim)
+    t0 = time.perf_counter()
+    sim.step()
     sync()
+    warm = time.perf_counter() - t0
+    compiled = counters["stats"]["unique_graphs"]
     t0 = time.perf_counter()
     for _ in range(rounds):
         sim.step()
     sync()
-    return rounds / (time.perf_counter() - t0)
+    return warm, (time.perf_counter() - t0) / rounds, counters["stats"]["unique_graphs"] - compiled
 
 
-def ceiling_rounds_per_second(sim, rounds: int, sync) -> float:
-    """One model, the round's training samples in batches of batch_size x clients."""
-    data, method = sim.data, sim.method
-    net = method.net
-    batch = sim.method.training.batch_size
+def _sgd_program(sim):
+    net, lr = sim.method.net, sim.method.training.lr
+    grad = grad_and_value(lambda p, x, y: F.cross_entropy(net.head(p, net.features(p, x)), y))
+
+    def step(params, x, y):
+        g, _ = grad(params, x, y)
+        return {k: v - lr * g[k] for k, v in params.items()}
+
+    return compile_program(step, sim.data.train.y.device)
+
+
+def ceiling_seconds(sim, rounds: int) -> float:
+    """One model, the round's training samples in batches of batch_size x clients, compiled."""
+    data, batch = sim.data, sim.method.training.batch_size
     b = batch * data.num_clients
-    samples = sum(n // batch * batch for n in data.train.counts)
-    steps = samples // b
+    steps = sum(n // batch * batch for n in data.train.counts) // b
     params = {k: v[0].clone() for k, v in sim.clients.items()}
-    step = grad_and_value(lambda p, x, y: F.cross_entropy(net.head(p, net.features(p, x)), y))
-    net.module.train()
-    device = data.train.y.device
+    program, sync, device = _sgd_program(sim), synchronizer(sim), data.train.y.device
+    sim.method.net.module.train()
 
-    def one_round():
+    def one_round(params):
         perm = torch.randperm(len(data.train.y), device=device)
         for s in range(steps):
             idx = perm[s * b : (s + 1) * b]
-            g, _ = step(params, data.decode(data.train.x[idx]), data.train.y[idx])
-            for k in g:
-                params[k].sub_(0.005 * g[k])
+            params = program(params, data.decode(data.train.x[idx]), data.train.y[idx])
+        return params
 
-    one_round()
+    params = one_round(params)
     sync()
     t0 = time.perf_counter()
     for _ in range(rounds):
-        one_round()
+        params = one_round(params)
     sync()
-    return rounds / (time.perf_counter() - t0)
+    return (time.perf_counter() - t0) / rounds
+
+
+def chain_bound_seconds(sim, repeats: int = 50) -> float:
+    """The longest client's steps this round x one compiled single-client step (FedAvg's, the backbone's cost)."""
+    data, batch = sim.data, sim.method.training.batch_size
+    longest = max(sum(p.step_count(n, batch) for p in sim.method.phases()) for n in data.train.counts)
+    params = {k: v[0].clone() for k, v in sim.clients.items()}
+    program, sync = _sgd_program(sim), synchronizer(sim)
+    x, y = data.decode(data.train.x[:batch]), data.train.y[:batch]
+    for _ in range(3):
+        params = program(params, x, y)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        params = program(params, x, y)
+    sync()
+    return longest * (time.perf_counter() - t0) / repeats
+
+
+def measure(method: str, device: str, rounds: int, sequential: bool = False, **settings) -> dict:
+    out: dict = {}
+    cfg = table1(method, device, **settings)
+    for engine in ("eager", "compiled"):
+        warm, s, recompiles = seconds_per_round(build_simulation(replace(cfg, engine=engine)), rounds)
+        out[f"{engine} s/round"] = s
+        if engine == "compiled":
+            out |= {"compile + first round s": warm, "recompiles": recompiles}
+    if sequential:
+        out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
+    sim = build_simulation(replace(cfg, engine="compiled"))
+    out["eager / compiled"] = out["eager s/round"] / out["compiled s/round"]
+    out["chain bound s"] = chain_bound_seconds(sim)
+    out["% of chain bound"] = 100 * out["chain bound s"] / out["compiled s/round"]
+    if method == "fedavg":
+        out["ceiling s/round"] = ceiling_seconds(sim, rounds)
+        out["% of ceiling"] = 100 * out["ceiling s/round"] / out["compiled s/round"]
+    return out
+
+
+def device_name(device: str) -> str:
+    d = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    return torch.cuda.get_device_name(d) if d.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=list(TABLE1))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--partition", default="dir:0.1")
+    ap.add_argument("--sequential", action="store_true", help="also time the sequential executor")
+    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
-    base = RunConfig(method="fedavg", dataset="fmnist", partition=args.partition, clients=args.clients, batch_size=10, local_epochs=1, eval_gap=10**6, device=args.device, backbone="cnn4")
+    print(f"Table 1 settings, training only, {args.rounds} timed rounds after a warm-up, on {device_name(args.device)}")
     results = {}
-    for executor in ("sequential", "vectorized"):
-        sim = build_simulation(RunConfig(**{**base.__dict__, "executor": executor}))
-        cuda = sim.data.train.y.is_cuda
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        results[executor] = rounds_per_second(sim, args.rounds, sync)
-    results["ceiling"] = ceiling_rounds_per_second(sim, args.rounds, sync)
-    device = torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"FedAvg, cnn4, fmnist {args.partition}, {args.clients} clients, batch 10, 1 local epoch, on {device}")
-    for k, v in results.items():
-        print(f"  {k:<11} {v:8.3f} rounds/s  ({1 / v:7.2f} s/round)")
-    print(f"  vectorized / sequential = {results['vectorized'] / results['sequential']:.2f}x")
-    print(f"  vectorized / ceiling    = {100 * results['vectorized'] / results['ceiling']:.0f} %")
+    for method in args.methods:
+        results[method] = r = measure(method, args.device, args.rounds, args.sequential)
+        line = f"  {method:<7} eager {r['eager s/round']:.3f}  compiled {r['compiled s/round']:.3f} s/round  ({r['eager / compiled']:.2f}x)"
+        line += f"  {r['% of chain bound']:.0f} % of the chain bound ({r['chain bound s']:.3f} s)"
+        if "% of ceiling" in r:
+            line += f"  {r['% of ceiling']:.0f} % of the ceiling ({r['ceiling s/round']:.3f} s)"
+        line += f"  recompiles {r['recompiles']}  compile + first round {r['compile + first round s']:.0f} s"
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

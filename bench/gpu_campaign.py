@@ -1,29 +1,31 @@
-"""The GPU path in one command: does it work, how fast is it, how many runs share a GPU, and a
-real-length run, within a time budget, from a source checkout that has only torch & co.
+"""The GPU path in ten-minute commands: does it work, how fast is it, where does a step's time go,
+how many runs share a GPU, and real-length runs, from a source checkout that has only torch & co.
 
-    PYTHONPATH=. python bench/gpu_campaign.py --data DIR --out DIR [--budget-min 25]
+    PYTHONPATH=. python bench/gpu_campaign.py --data DIR --out DIR [--stages S,S] [--budget-min 9]
 
 DIR for --data holds Fashion-MNIST's four idx .gz files. No Ray, Optuna or install of this
-project is needed (the runs are `python -m tuner.cli run` processes). Five stages, in order, each
-with its share of the budget; each stage's result is written (campaign.json, summary.md under
---out) as soon as it is done and printed as one line, so a stop loses nothing:
+project is needed (the runs are `python -m tuner.cli run` processes). A command runs the stages it
+names (default: all), in this order, each with its share of --budget-min (this command's time);
+each stage's result is merged into OUT/campaign.json and OUT/summary.md as soon as it is done and
+printed as one line, so a stop loses nothing and later commands add to what earlier ones wrote:
 
 1. environment  device, memory, torch/CUDA versions, TF32, the packages found;
-2. correctness  every method and variant, two rounds on digits: vectorized on the device against
-                sequential on the CPU in float64 (equal to 1e-9, as the suite); ResNet-18 with
-                BatchNorm under vmap likewise; exact resume of a run on the device (deterministic
-                algorithms on). FedPAC's QP runs on the device's statistics in its checks.
-                A failure is recorded with its message and the campaign goes on;
-3. speed        bench/engine_speed.py's measurement (sequential, vectorized, large-batch ceiling),
-                then whole rounds (training + evaluation) of GPFL, FedCP and FedPAC in their
-                Table 1 Fashion-MNIST settings;
-4. sharing      k = 1, 2, 4, 8 runs at once on the one device as separate processes (what Ray's
-                fractional GPUs do): total rounds/s against k;
-5. real run     GPFL, cnn4, Fashion-MNIST dir:0.1, 20 clients, the paper's 2000 rounds, timed; then,
-                in the time left, FedPAC Table 1's Fashion-MNIST pac:20 cells at the paper's 200
-                rounds, as many at once as stage 4 found best. Runs land in OUT/runs/ for
-                `tuner report`; a run stopped by the budget keeps its rows and checkpoint, so
-                `tuner run M --resume --rounds N --out OUT/runs/...` finishes it.
+2. correctness  each method (--methods, default all), two rounds on digits: vectorized on the device
+                with --engine (eager or compiled) against sequential on the CPU in float64 (equal to
+                1e-9, as the suite); ResNet-18 with BatchNorm under vmap likewise; exact resume of a
+                run on the device (deterministic algorithms on). A failure is recorded with its
+                message and the campaign goes on;
+3. speed        bench/engine_speed.py's figures for FedAvg, GPFL, FedCP and FedPAC in their Table 1
+                settings: eager and compiled s/round, % of the compiled large-batch ceiling, % of
+                the longest client's chain bound, recompiles;
+4. profile      torch.profiler over 20 compiled steps of GPFL's Table 1 cohort: the top kernels and
+                how much of the wall time the device was busy;
+5. sharing      k = 1, 2, 4, 8, 16 runs of GPFL at once on the one device as separate processes
+                (what Ray's fractional GPUs do): total rounds/s against k, and the knee;
+6. real run     GPFL, cnn4, Fashion-MNIST dir:0.1, 20 clients, the paper's 2000 rounds, timed; then
+                FedPAC Table 1's Fashion-MNIST pac:20 cells at the paper's 200 rounds, as many at
+                once as the knee. Runs land in OUT/runs/ for `tuner report`; a run stopped by the
+                budget keeps its rows and checkpoint, and the next command's real run resumes it.
 
 `--smoke` (with `--device cpu`) runs every stage in miniature (one method per family, digits,
 two rounds) in seconds: the test suite runs it so the campaign cannot rot.
@@ -50,14 +52,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from algorithms import METHODS  # noqa: E402
-from bench.engine_speed import ceiling_rounds_per_second, rounds_per_second  # noqa: E402
+from bench.engine_speed import measure, seconds_per_round, table1  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.reproduce import cells  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
 
-SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "sharing": 0.13, "real run": 0.5}
+SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}
+STAGES = list(SHARES)
 PACKAGES = ["torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "cvxpy", "osqp", "clarabel", "scs", "typer", "rich", "yaml", "ray", "optuna"]
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
+SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # the issue's targets: Table 1 settings
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
 
 
@@ -70,22 +74,31 @@ class Campaign:
         self.data = str(Path(args.data).resolve()) if args.data else None
         self.start = time.monotonic()
         self.end = self.start + 60 * args.budget_min
-        self.results: dict[str, dict] = {}
-        self.knee = 1
+        self.stages = [name.strip().replace("-", " ") for name in args.stages.split(",")]
+        unknown = [name for name in self.stages if name not in SHARES]
+        if unknown:
+            raise SystemExit(f"Unknown stage {unknown[0]!r}; choose from {', '.join(n.replace(' ', '-') for n in STAGES)}.")
+        path = self.out / "campaign.json"
+        self.results: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}  # what earlier commands found
+        self.knee = self.results.get("sharing", {}).get("best_k", 1)
 
     # --- budget and bookkeeping
     def left(self) -> float:
         return self.end - time.monotonic()
 
     def stage(self, name: str, fn) -> None:
-        deadline = time.monotonic() + SHARES[name] * 60 * self.args.budget_min
-        deadline = min(self.end, deadline) if name != "real run" else self.end
+        share = SHARES[name] / sum(SHARES[n] for n in self.stages if n in SHARES) if name in self.stages else SHARES[name]
+        deadline = time.monotonic() + share * 60 * self.args.budget_min
+        deadline = min(self.end, deadline) if name != self.stages[-1] else self.end  # the last stage takes what is left
         t0 = time.monotonic()
         try:
             result = fn(deadline)
         except Exception as e:  # a stage that breaks is a finding; the next stage still runs
             result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=4)}
         result["seconds"] = round(time.monotonic() - t0, 1)
+        if name == "correctness" and "checks" in self.results.get(name, {}) and "checks" in result:  # commands check parts of the methods
+            checks = {**self.results[name]["checks"], **result["checks"]}
+            result |= {"checks": checks, **_verdict(checks)}
         self.results[name] = result
         self.write()
         print(f"[{name}] {result.get('line', result.get('error', ''))} ({result['seconds']} s)", flush=True)
@@ -95,10 +108,6 @@ class Campaign:
         tmp.write_text(json.dumps(self.results, indent=2, default=str))
         os.replace(tmp, self.out / "campaign.json")
         (self.out / "summary.md").write_text(summary_markdown(self.results))
-
-    def config(self, method: str, **kw) -> RunConfig:
-        base = dict(method=method, dataset="fmnist", data_dir=self.data, download=False, device=self.device)
-        return RunConfig(**{**base, **kw})
 
     def digits(self, method: str, **kw) -> RunConfig:
         """The suite's small setting (tests/test_engine.py); smoke: fewer, larger batches."""
@@ -123,25 +132,23 @@ class Campaign:
 
     # --- 2
     def correctness(self, deadline: float) -> dict:
-        methods = SMOKE_METHODS if self.args.smoke else sorted(METHODS)
+        methods = self.args.methods or (SMOKE_METHODS if self.args.smoke else sorted(METHODS))
+        engine = self.args.engine
+        label = "executors equal" + ("" if engine == "eager" else f" ({engine})")
         checks = {}
         for m in methods:
-            checks[f"executors equal: {m}"] = _check(deadline, lambda m=m: self.executors_equal(self.digits(m)))
+            checks[f"{label}: {m}"] = _check(deadline, lambda m=m: self.executors_equal(self.digits(m, engine=engine)))
         resnet = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
         if self.args.smoke:
             # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
             resnet |= dict(clients=4, join_ratio="0.5", partition="pac:20", pac_train=60, pac_test=20, batch_size=30)
         checks["ResNet-18 BatchNorm under vmap"] = _check(deadline, lambda: self.executors_equal(self.digits("fedper", **resnet), rounds=1))
         checks["exact resume on the device"] = _check(deadline, self.exact_resume)
-        failed = [k for k, v in checks.items() if v["status"] == "failed"]
-        skipped = [k for k, v in checks.items() if v["status"] == "skipped"]
-        line = f"{len(checks) - len(failed) - len(skipped)} of {len(checks)} checks passed"
-        line += (f"; FAILED: {', '.join(failed)}" if failed else "") + (f"; {len(skipped)} skipped (time)" if skipped else "")
-        return {"checks": checks, "failed": failed, "line": line}
+        return {"checks": checks, **_verdict(checks)}
 
     def executors_equal(self, cfg: RunConfig, rounds: int = 2) -> dict:
         """Vectorized on the campaign's device against sequential on the CPU: parameters and metrics."""
-        seq = build_simulation(replace(cfg, executor="sequential", device="cpu"))
+        seq = build_simulation(replace(cfg, executor="sequential", device="cpu", engine="eager"))
         vec = build_simulation(replace(cfg, executor="vectorized", device=self.device))
         rows = [(seq.step(), vec.step()) for _ in range(rounds)]
         worst = 0.0
@@ -177,46 +184,55 @@ class Campaign:
 
     # --- 3
     def speed(self, deadline: float) -> dict:
-        rounds = 1 if self.args.smoke else 2
-        if self.args.smoke:
-            base = self.digits("fedavg", dtype="float32", eval_gap=10**6, device=self.device)
-        else:
-            base = self.config("fedavg", partition="dir:0.1", clients=20, batch_size=10, local_epochs=1, eval_gap=10**6, backbone="cnn4")
-        sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
         out: dict = {}
-        for executor in ("vectorized", "sequential"):
+        for method in SPEED_METHODS:
             if time.monotonic() > deadline:
                 break
-            sim = build_simulation(replace(base, executor=executor))
-            out[f"fedavg {executor} s/round"] = 1 / rounds_per_second(sim, rounds, sync)
-        if time.monotonic() < deadline:
-            out["fedavg ceiling s/round"] = 1 / ceiling_rounds_per_second(sim, rounds, sync)
-        if "fedavg sequential s/round" in out:
-            out["vectorized / sequential"] = out["fedavg sequential s/round"] / out["fedavg vectorized s/round"]
-        if "fedavg ceiling s/round" in out:
-            out["ceiling time / vectorized time"] = out["fedavg ceiling s/round"] / out["fedavg vectorized s/round"]
-        for method, cell in self.table_settings().items():
-            if time.monotonic() > deadline:
-                break
-            out[f"{method} whole round s"] = 1 / rounds_per_second(build_simulation(replace(cell, executor="vectorized")), rounds, sync)
-        parts = [f"{k} {v:.3g}" for k, v in out.items()]
+            if self.args.smoke:
+                cfg = self.digits(method, dtype="float32", eval_gap=10**6, device=self.device)
+                out[method] = {f"{e} s/round": seconds_per_round(build_simulation(replace(cfg, engine=e)), 1)[1] for e in ("eager", "compiled")}
+            else:
+                out[method] = measure(method, self.device, rounds=2, data_dir=self.data)
+        parts = [f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round" for m, r in out.items()]
         return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
-    def table_settings(self) -> dict[str, RunConfig]:
-        if self.args.smoke:
-            return {m: self.digits(m, dtype="float32", device=self.device) for m in ("gpfl", "fedcp", "fedpac")}
-        return {
-            "gpfl": self.config("gpfl", partition="dir:0.1", clients=20),
-            "fedcp": self.config("fedcp", partition="dir:0.1", clients=20),
-            "fedpac": self.config("fedpac", partition="pac:20", clients=20, protocol="fedpac"),
-        }
-
     # --- 4
+    def profile(self, deadline: float) -> dict:
+        """20 compiled steps of GPFL's Table 1 cohort (smoke: digits) under torch.profiler."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.args.smoke:
+            cfg = self.digits("gpfl", dtype="float32", device=self.device, engine="compiled", executor="vectorized")
+        else:
+            cfg = table1("gpfl", self.device, data_dir=self.data, engine="compiled")
+        sim = build_simulation(cfg)
+        ids = list(range(sim.data.num_clients))
+        at = sim.at(1, ids)
+        phases = [replace(p, steps=20) for p in sim.method.phases()]
+        cohort = {k: v.clone() for k, v in sim.clients.items()}
+        sim.executor.train(phases, cohort, sim.server, at, 0)  # compiles the programs these steps need
+        sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.startswith("cuda") else [])
+        sync()
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            sim.executor.train(phases, cohort, sim.server, at, 0)
+            sync()
+        wall = time.perf_counter() - t0
+        device_time = "device_time" if self.device.startswith("cuda") else "cpu_time"
+        events = prof.key_averages()
+        top = sorted(events, key=lambda e: getattr(e, f"self_{device_time}_total"), reverse=True)[:10]
+        kernels = [{"name": e.key[:80], "calls": e.count, "ms": getattr(e, f"self_{device_time}_total") / 1e3} for e in top]
+        busy = sum(getattr(e, f"self_{device_time}_total") for e in events) / 1e6 / wall if self.device.startswith("cuda") else float("nan")
+        line = f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)"
+        return {"wall_s": wall, "device_busy_share": busy, "top": kernels, "line": line}
+
+    # --- 5
     def sharing(self, deadline: float) -> dict:
-        ks = [1, 2] if self.args.smoke else [1, 2, 4, 8]
+        ks = [1, 2] if self.args.smoke else [1, 2, 4, 8, 16]
         rounds = 2 if self.args.smoke else 12
         spec = ["fedavg", "--dataset", "digits", "--partition", "dir:0.3", "--clients", "4"] if self.args.smoke else \
-               ["fedavg", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20", "--set", "backbone=cnn4"]  # fmt: skip
+               ["gpfl", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20"]  # fmt: skip
         rates = {}
         for k in ks:
             if time.monotonic() > deadline:
@@ -237,7 +253,7 @@ class Campaign:
         line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (f"; best k = {self.knee}" if rates else "no time left")
         return {"rounds_per_second": rates, "best_k": self.knee, "line": line}
 
-    # --- 5
+    # --- 6
     def real_run(self, deadline: float) -> dict:
         runs = self.out / "runs"
         if self.args.smoke:
@@ -277,6 +293,14 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _verdict(checks: dict) -> dict:
+    failed = [k for k, v in checks.items() if v["status"] == "failed"]
+    skipped = [k for k, v in checks.items() if v["status"] == "skipped"]
+    line = f"{len(checks) - len(failed) - len(skipped)} of {len(checks)} checks passed"
+    line += (f"; FAILED: {', '.join(failed)}" if failed else "") + (f"; {len(skipped)} skipped (time)" if skipped else "")
+    return {"failed": failed, "line": line}
+
+
 def _check(deadline: float, fn) -> dict:
     if time.monotonic() > deadline:
         return {"status": "skipped"}
@@ -288,13 +312,16 @@ def _check(deadline: float, fn) -> dict:
 
 
 def tuner_run(args: list[str], campaign: Campaign) -> subprocess.Popen:
-    """A `tuner run` process on the campaign's device (no Ray: what a trial does, without Tune); its output goes to OUT.log."""
+    """A `tuner run` process on the campaign's device (no Ray: what a trial does, without Tune); its output goes to OUT.log.
+    A run folder with a checkpoint (an earlier command's run, stopped by its budget) is resumed."""
+    run_dir = Path(args[args.index("--out") + 1])
+    if (run_dir / "checkpoint.pt").exists():
+        args = [args[0], "--resume", "--rounds", args[args.index("--rounds") + 1], "--out", str(run_dir)]
     extra = ["--set", f"device={campaign.device}"] + (["--set", f"data_dir={campaign.data}"] if campaign.data else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    run_dir = Path(args[args.index("--out") + 1])
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.with_name(run_dir.name + ".log")
-    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+    with open(log, "a") as out:  # the child keeps its own copy of the descriptor; a resumed run's log goes on
         proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", *args, *extra], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     proc.log = str(log)
     return proc
@@ -339,7 +366,12 @@ def summary_markdown(results: dict) -> str:
         lines.append(f"| {name} | {r.get('line', r.get('error', ''))} | {r['seconds']} |")
     speed = results.get("speed", {}).get("figures", {})
     if speed:
-        lines += ["", "| speed figure | value |", "|:--|--:|"] + [f"| {k} | {v:.4g} |" for k, v in speed.items()]
+        names = list(dict.fromkeys(k for r in speed.values() for k in r))
+        lines += ["", "| method | " + " | ".join(names) + " |", "|:--|" + "--:|" * len(names)]
+        lines += [f"| {m} | " + " | ".join(f"{r[n]:.4g}" if n in r else "" for n in names) + " |" for m, r in speed.items()]
+    top = results.get("profile", {}).get("top", [])
+    if top:
+        lines += ["", "| profiled kernel (20 steps) | calls | ms |", "|:--|--:|--:|"] + [f"| `{k['name']}` | {k['calls']} | {k['ms']:.2f} |" for k in top]
     runs = results.get("real run", {}).get("runs", {})
     if runs:
         lines += ["", "| run | rounds | finished | s/round | best acc | final acc |", "|:--|--:|:--|--:|--:|--:|"]
@@ -359,12 +391,18 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, default=25.0)
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
     ap.add_argument("--smoke", action="store_true", help="every stage in miniature on digits: seconds, for the test suite")
+    ap.add_argument("--stages", default=",".join(s.replace(" ", "-") for s in STAGES), help="which stages this command runs, comma-separated")
+    ap.add_argument("--methods", nargs="+", help="the methods the correctness stage checks (default: all)")
+    ap.add_argument("--engine", default="eager", choices=["eager", "compiled"], help="the engine the correctness stage checks on the device")
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
     c = Campaign(args)
-    for name, fn in (("environment", c.environment), ("correctness", c.correctness), ("speed", c.speed), ("sharing", c.sharing), ("real run", c.real_run)):
-        c.stage(name, fn)
+    stages = {"environment": c.environment, "correctness": c.correctness, "speed": c.speed, "profile": c.profile, "sharing": c.sharing,
+              "real run": c.real_run}  # fmt: skip
+    for name in STAGES:
+        if name in c.stages:
+            c.stage(name, stages[name])
     print(f"summary: {c.out / 'summary.md'}")
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["environment", "correctness", "speed", "sharing", "real run"]
+STAGES = ["environment", "correctness", "speed", "profile", "sharing", "real run"]
 
 
 def without_ray_and_optuna(tmp_path: Path) -> dict:
@@ -38,13 +38,35 @@ def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_r
     assert {"executors equal: fedpac", "ResNet-18 BatchNorm under vmap", "exact resume on the device"} <= set(checks)
     assert all(c["status"] == "passed" for c in checks.values()), checks
     figures = results["speed"]["figures"]
-    assert {"fedavg vectorized s/round", "fedavg sequential s/round", "fedavg ceiling s/round", "fedpac whole round s"} <= set(figures)
+    assert set(figures) == {"fedavg", "gpfl", "fedcp", "fedpac"} and all({"eager s/round", "compiled s/round"} <= set(f) for f in figures.values())
+    assert results["profile"]["top"] and results["profile"]["wall_s"] > 0
     assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"}
     gpfl = results["real run"]["runs"]["gpfl"]
     assert gpfl["finished"] and gpfl["rounds"] == 2
     assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2  # a run `tuner report` reads
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} |" in summary for s in STAGES)
+
+
+@pytest.mark.slow
+def test_campaign_commands_run_chosen_stages_add_to_earlier_results_and_resume_real_runs(tmp_path):
+    out = tmp_path / "campaign"
+    command = [sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)]
+    env = without_ray_and_optuna(tmp_path)
+    first = subprocess.run([*command, "--stages", "correctness", "--methods", "fedavg"], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run([*command, "--stages", "correctness,real-run", "--methods", "fedcp-gumbel", "--engine", "compiled"],
+                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-2000:]
+    results = json.loads((out / "campaign.json").read_text())
+    assert list(results) == ["correctness", "real run"]
+    checks = results["correctness"]["checks"]
+    assert checks["executors equal: fedavg"]["status"] == checks["executors equal (compiled): fedcp-gumbel"]["status"] == "passed"
+    third = subprocess.run([*command, "--stages", "real-run"], env=env, capture_output=True, text=True, timeout=600)  # finished runs: resumed, nothing to do
+    assert third.returncode == 0, third.stderr[-2000:]
+    ran = [line for line in (out / "runs/dir-gpfl.log").read_text().splitlines() if "rounds run" in line]
+    assert len(ran) == 2 and "│ 0 in" in ran[1]  # the second command resumed the finished run: no round twice
+    assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2
 
 
 def load_campaign():
@@ -64,7 +86,8 @@ def test_a_failing_check_or_stage_is_recorded_and_the_campaign_goes_on(tmp_path)
     assert failed["status"] == "failed" and "vectorized differs" in failed["message"]
     assert campaign._check(0.0, broken) == {"status": "skipped"}  # past its stage's time: not run, said so
 
-    args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True})()
+    args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True, "stages": "speed,environment",
+                             "methods": None, "engine": "eager"})()  # fmt: skip
     c = campaign.Campaign(args)
     c.stage("speed", lambda deadline: 1 / 0)
     c.stage("environment", c.environment)
