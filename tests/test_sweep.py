@@ -405,3 +405,15 @@ def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
     drop_damaged_errors(tmp_path)
     assert not cut.exists() and whole.exists()  # Tune then reads trial_a's error from its error.txt
     assert (cut.parent / "error.txt").exists()
+
+
+def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_for_otherwise(monkeypatch):
+    import ray
+
+    from tuner.sweep import TRIALS_PER_GPU, Resources, trial_resources
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16, "GPU": 1})
+    assert trial_resources(Resources()) == {"cpu": 1, "gpu": 1 / TRIALS_PER_GPU} and TRIALS_PER_GPU == 2
+    assert trial_resources(Resources(gpus_per_trial=1))["gpu"] == 1
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2})
+    assert trial_resources(Resources())["gpu"] == 0
