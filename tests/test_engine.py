@@ -206,6 +206,15 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
     assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"  # a choice overrides the rule
 
 
+def test_engine_auto_is_compiled_on_a_gpu_and_eager_on_a_cpu_and_recorded_resolved():
+    from tuner.config import auto_engine
+
+    assert auto_engine("cuda") == auto_engine("cuda:1") == "compiled" and auto_engine("cpu") == "eager"
+    cfg = RunConfig(method="fedavg", dataset="digits").resolved()
+    assert cfg.engine == "eager" and "engine: eager" in cfg.to_yaml()  # config.yaml says what ran
+    assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
+
+
 def test_deterministic_algorithms_follow_each_runs_setting():
     build_simulation(digits("fedavg", deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()

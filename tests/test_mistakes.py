@@ -32,6 +32,7 @@ MISTAKES = [
     ("run: a GPU on a machine without one", ["run", "fedavg", *DIGITS, "--set", "device=cuda"], 2, "has no CUDA GPU"),
     ("run: an unknown float type", ["run", "fedavg", *DIGITS, "--set", "dtype=float16"], 2, "Unknown dtype"),
     ("run: an unknown executor", ["run", "fedavg", *DIGITS, "--set", "executor=magic"], 2, "Unknown executor"),
+    ("run: an unknown engine", ["run", "fedavg", *DIGITS, "--set", "engine=turbo"], 2, "Unknown engine 'turbo'; choose one of auto, eager, compiled"),
     ("run: a batch larger than a client's data", ["run", "fedavg", *DIGITS, "--set", "batch_size=5000"], 2, "without one training batch"),
     ("run: a hyperparameter out of range", ["run", "fedavg", *DIGITS, "--set", "momentum=-1"], 2, "cannot be negative"),
     ("run: --resume where nothing ran", ["run", "fedavg", "--resume", "--out", "{w}/nothing"], 2, "no config.yaml"),
