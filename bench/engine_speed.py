@@ -12,7 +12,8 @@ warm-up round that compiles every program the round needs:
 - chain bound          the longest client's steps x the time of one compiled single-client step:
                        clients train in parallel but each one's steps are sequential, so no
                        round can be faster;
-- recompiles           programs compiled during the timed rounds (must be 0).
+- recompiles           programs compiled during the timed rounds (must be 0);
+- whole round          compiled, with every client's evaluation (the papers evaluate every round).
 
 Also `--sequential` times the sequential executor (the reference, slow). Usage:
     python bench/engine_speed.py [--methods fedavg gpfl fedcp fedpac] [--rounds 2] [--device auto]
@@ -131,6 +132,7 @@ def measure(method: str, device: str, rounds: int, sequential: bool = False, **s
             out |= {"compile + first round s": warm, "recompiles": recompiles}
     if sequential:
         out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
+    out["compiled whole round s"] = seconds_per_round(build_simulation(replace(cfg, engine="compiled", eval_gap=1)), rounds)[1]  # with evaluation
     sim = build_simulation(replace(cfg, engine="compiled"))
     out["eager / compiled"] = out["eager s/round"] / out["compiled s/round"]
     out["chain bound s"] = chain_bound_seconds(sim)
@@ -163,6 +165,7 @@ def main() -> None:
         if "% of ceiling" in r:
             line += f"  {r['% of ceiling']:.0f} % of the ceiling ({r['ceiling s/round']:.3f} s)"
         line += f"  recompiles {r['recompiles']}  compile + first round {r['compile + first round s']:.0f} s"
+        line += f"  whole round {r['compiled whole round s']:.3f} s"
         print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -37,11 +37,13 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from algorithms import METHODS  # noqa: E402
-from bench.engine_speed import measure, seconds_per_round, table1  # noqa: E402
+from bench.engine_speed import measure, table1  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.reproduce import cells  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
@@ -90,18 +92,24 @@ class Campaign:
         share = SHARES[name] / sum(SHARES[n] for n in self.stages if n in SHARES) if name in self.stages else SHARES[name]
         deadline = time.monotonic() + share * 60 * self.args.budget_min
         deadline = min(self.end, deadline) if name != self.stages[-1] else self.end  # the last stage takes what is left
-        t0 = time.monotonic()
+        self.earlier = self.results.get(name, {})
+        self.running, self.t0 = name, time.monotonic()
         try:
             result = fn(deadline)
         except Exception as e:  # a stage that breaks is a finding; the next stage still runs
             result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=4)}
-        result["seconds"] = round(time.monotonic() - t0, 1)
-        if name == "correctness" and "checks" in self.results.get(name, {}) and "checks" in result:  # commands check parts of the methods
-            checks = {**self.results[name]["checks"], **result["checks"]}
+        self.progress(result)
+        print(f"[{name}] {result.get('line', result.get('error', ''))} ({self.results[name]['seconds']} s)", flush=True)
+
+    def progress(self, result: dict) -> None:
+        """The running stage's result so far, written at once: a command stopped mid-stage keeps it."""
+        name = self.running
+        result = {**result, "seconds": round(time.monotonic() - self.t0, 1)}
+        if name == "correctness" and "checks" in self.earlier and "checks" in result:  # commands check parts of the methods
+            checks = {**self.earlier["checks"], **result["checks"]}
             result |= {"checks": checks, **_verdict(checks)}
         self.results[name] = result
         self.write()
-        print(f"[{name}] {result.get('line', result.get('error', ''))} ({result['seconds']} s)", flush=True)
 
     def write(self) -> None:
         tmp = self.out / "campaign.json.tmp"
@@ -138,6 +146,7 @@ class Campaign:
         checks = {}
         for m in methods:
             checks[f"{label}: {m}"] = _check(deadline, lambda m=m: self.executors_equal(self.digits(m, engine=engine)))
+            self.progress({"checks": checks, **_verdict(checks)})
         resnet = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
         if self.args.smoke:
             # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
@@ -185,14 +194,11 @@ class Campaign:
     # --- 3
     def speed(self, deadline: float) -> dict:
         out: dict = {}
-        for method in SPEED_METHODS:
+        for method in ["fedavg"] if self.args.smoke else SPEED_METHODS:  # smoke: every figure's code, once
             if time.monotonic() > deadline:
                 break
-            if self.args.smoke:
-                cfg = self.digits(method, dtype="float32", eval_gap=10**6, device=self.device)
-                out[method] = {f"{e} s/round": seconds_per_round(build_simulation(replace(cfg, engine=e)), 1)[1] for e in ("eager", "compiled")}
-            else:
-                out[method] = measure(method, self.device, rounds=2, data_dir=self.data)
+            smoke = dict(dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")  # the bench's code, in seconds
+            out[method] = measure(method, self.device, rounds=1, **smoke) if self.args.smoke else measure(method, self.device, rounds=2, data_dir=self.data)
         parts = [f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round" for m, r in out.items()]
         return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
@@ -229,7 +235,26 @@ class Campaign:
 
     # --- 5
     def sharing(self, deadline: float) -> dict:
+        """Total rounds/s of k runs at once, then the same under CUDA MPS where the node has it (Ray does not
+        start MPS, so the knee, which sets tuner sweep's default share of a GPU, is taken without it)."""
         ks = [1, 2] if self.args.smoke else [1, 2, 4, 8, 16]
+        rates = self.rates_sharing(ks, deadline, "plain")
+        for fewer, more in zip(rates, list(rates)[1:]):  # the knee: more runs only while they add 10 % or more
+            if rates[more] < 1.1 * rates[fewer]:
+                break
+            self.knee = more
+        out = {"rounds_per_second": rates, "best_k": self.knee}
+        line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (f"; best k = {self.knee}" if rates else "no time left")
+        mps = shutil.which("nvidia-cuda-mps-control") if self.device.startswith("cuda") else None
+        if mps and time.monotonic() < deadline:
+            with mps_daemon(mps, self.out / "mps"):
+                out["rounds_per_second_mps"] = with_mps = self.rates_sharing(ks, deadline, "mps")
+            line += "; with MPS " + ", ".join(f"k={k}: {v:.2f}" for k, v in with_mps.items())
+        else:
+            line += "; MPS: " + ("no time left" if mps else "not on this node")
+        return {**out, "line": line}
+
+    def rates_sharing(self, ks: list[int], deadline: float, label: str) -> dict[int, float]:
         rounds = 2 if self.args.smoke else 12
         spec = ["fedavg", "--dataset", "digits", "--partition", "dir:0.3", "--clients", "4"] if self.args.smoke else \
                ["gpfl", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20"]  # fmt: skip
@@ -237,21 +262,17 @@ class Campaign:
         for k in ks:
             if time.monotonic() > deadline:
                 break
-            dirs = [self.out / "sharing" / f"k{k}-{i}" for i in range(k)]
+            dirs = [self.out / "sharing" / label / f"k{k}-{i}" for i in range(k)]
+            for d in dirs:  # a measurement, never resumed from an earlier command's
+                shutil.rmtree(d, ignore_errors=True)
             procs = [tuner_run([*spec, "--rounds", str(rounds), "--set", f"eval_gap={rounds}", "--set", f"seed={i}", "--out", str(d)], self)
                      for i, d in enumerate(dirs)]  # fmt: skip
-            finished = wait_all(procs, deadline)
-            if not finished:
+            if not wait_all(procs, deadline):
                 break
-            # Steady-state throughput: rounds after each process's first, over the time they took.
+            # Steady-state throughput: rounds after each process's first (which compiles), over the time they took.
             per_process = [(rounds - 1) / pd.read_parquet(d / "metrics.parquet")["time_s"].iloc[1:].sum() for d in dirs]
             rates[k] = sum(per_process)
-        for fewer, more in zip(rates, list(rates)[1:]):  # the knee: more runs only while they add 10 % or more
-            if rates[more] < 1.1 * rates[fewer]:
-                break
-            self.knee = more
-        line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (f"; best k = {self.knee}" if rates else "no time left")
-        return {"rounds_per_second": rates, "best_k": self.knee, "line": line}
+        return rates
 
     # --- 6
     def real_run(self, deadline: float) -> dict:
@@ -284,6 +305,23 @@ class Campaign:
         line = f"GPFL {g['rounds']} rounds in {g['seconds']:.0f} s ({g['s_per_round']:.3g} s/round, best {g['best_acc']:.4f})"
         line += f"; FedPAC Table 1 cells run: {len(done)} of {len(table)}"
         return {"runs": out, "line": line}
+
+
+@contextmanager
+def mps_daemon(control: str, folder: Path):
+    """CUDA's Multi-Process Service for the processes started inside (they find it through the pipe folder)."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    for d in env.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    subprocess.run([control, "-d"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([control], input="quit\n", text=True)
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def _version(name: str) -> str | None:

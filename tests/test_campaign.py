@@ -38,9 +38,11 @@ def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_r
     assert {"executors equal: fedpac", "ResNet-18 BatchNorm under vmap", "exact resume on the device"} <= set(checks)
     assert all(c["status"] == "passed" for c in checks.values()), checks
     figures = results["speed"]["figures"]
-    assert set(figures) == {"fedavg", "gpfl", "fedcp", "fedpac"} and all({"eager s/round", "compiled s/round"} <= set(f) for f in figures.values())
+    assert set(figures) == {"fedavg"}
+    assert all({"eager s/round", "compiled s/round", "% of chain bound", "compiled whole round s"} <= set(f) and f["recompiles"] == 0 for f in figures.values())
+    assert figures["fedavg"]["% of ceiling"] > 0
     assert results["profile"]["top"] and results["profile"]["wall_s"] > 0
-    assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"}
+    assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"} and "MPS: not on this node" in results["sharing"]["line"]
     gpfl = results["real run"]["runs"]["gpfl"]
     assert gpfl["finished"] and gpfl["rounds"] == 2
     assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2  # a run `tuner report` reads
