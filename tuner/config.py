@@ -54,8 +54,9 @@ def auto_executor(device: str, batch_size: int) -> str:
 
 def auto_engine(device: str) -> str:
     """Compiled on a GPU, where a step of small batches is launch overhead that one captured program
-    removes; eager on a CPU, where a step is arithmetic, compiling costs more than it saves
-    (docs/performance.md, "Compiled steps"), and the compiler needs a C++ toolchain."""
+    removes; eager on a CPU, where compiling costs seconds to minutes a program on few cores, paid
+    again by every trial with other hyperparameters, and needs a C++ toolchain (docs/performance.md,
+    "Compiled steps")."""
     return "compiled" if device.startswith("cuda") else "eager"
 
 
