@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.common import DRAW_KEY, State, weighted_mean  # noqa: F401  DRAW_KEY: part of the contract
+from algorithms.common import State, weighted_mean
 
 
 class Unsupported(ValueError):

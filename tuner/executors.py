@@ -20,7 +20,8 @@ import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from algorithms.base import DRAW_KEY, Method, Phase, Round, State
+from algorithms.base import Method, Phase, Round, State
+from algorithms.common import DRAW_KEY
 from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
 from tuner.draws import augment_seed, batch_schedule, draw_keys
