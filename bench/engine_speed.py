@@ -85,7 +85,7 @@ def ceiling_seconds(sim, rounds: int) -> float:
     data, batch = sim.data, sim.method.training.batch_size
     b = batch * data.num_clients
     steps = sum(n // batch * batch for n in data.train.counts) // b
-    params = {k: v[0].clone() for k, v in sim.clients.items()}
+    params = sim.method.net.initial_state()  # the backbone alone: some methods hold it under other names
     program, sync, device = _sgd_program(sim), synchronizer(sim), data.train.y.device
     sim.method.net.module.train()
 
@@ -109,7 +109,7 @@ def chain_bound_seconds(sim, repeats: int = 50) -> float:
     """The longest client's steps this round x one compiled single-client step (FedAvg's, the backbone's cost)."""
     data, batch = sim.data, sim.method.training.batch_size
     longest = max(sum(p.step_count(n, batch) for p in sim.method.phases()) for n in data.train.counts)
-    params = {k: v[0].clone() for k, v in sim.clients.items()}
+    params = sim.method.net.initial_state()  # the backbone alone: some methods hold it under other names
     program, sync = _sgd_program(sim), synchronizer(sim)
     x, y = data.decode(data.train.x[:batch]), data.train.y[:batch]
     for _ in range(3):
