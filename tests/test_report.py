@@ -30,9 +30,9 @@ def write_run(path, method, accs, val=None, **settings):
     pd.DataFrame(rows(accs, val)).to_parquet(path / "metrics.parquet")
 
 
-def write_experiment(path, stage, settings, trials):
+def write_experiment(path, stage, settings, trials, select="test"):
     path.mkdir(parents=True)
-    (path / "experiment.yaml").write_text(yaml.safe_dump({"stage": stage, "select": "test", "settings": settings}))
+    (path / "experiment.yaml").write_text(yaml.safe_dump({"stage": stage, "select": select, "settings": settings}))
     for i, (params, result_rows) in enumerate(trials):
         d = path / f"federated_trial_{i}"
         d.mkdir()
@@ -94,6 +94,27 @@ def test_validation_selection_reports_test_accuracy_at_the_best_validation_round
     assert "best validation round" in res.output
     runs = pd.read_parquet(tmp_path / "r" / "runs.parquet")
     assert runs["selected_acc"].item() == 0.94 and runs["best_acc"].item() == 0.95 and runs["best_round"].item() == 3
+
+
+def test_a_sweep_selecting_by_validation_is_ranked_by_validation_not_by_its_test_figures(tmp_path):
+    """The demo's own case: the trial with the best test figure is not the one validation chose; and of two
+    trials with equal validation accuracy, the one that reached it in an earlier round."""
+    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "backbone": "mlp", "rounds": 3, "val_frac": 0.1}
+    trials = [({"lr": 0.01}, rows([0.90, 0.97, 0.96], val=[0.80, 0.85, 0.84])),  # best test, worse validation
+              ({"lr": 0.02}, rows([0.90, 0.93, 0.94], val=[0.80, 0.90, 0.90])),  # best validation, reached at round 2
+              ({"lr": 0.03}, rows([0.90, 0.92, 0.95], val=[0.80, 0.85, 0.90]))]  # the same validation, at round 3  # fmt: skip
+    write_experiment(tmp_path / "sweep" / "search", "search", base, trials, select="val")
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
+    assert best["config"] == "lr=0.02" and best["selected_by"] == "val"
+    assert (best["val_acc"], best["val_round"], best["selected_acc"], best["best_round"]) == (0.90, 2, 0.93, 2)
+    runs = pd.read_parquet(tmp_path / "r" / "runs.parquet").set_index("lr")
+    assert runs.loc[0.03, "val_round"] == 3 and runs.loc[0.03, "selected_acc"] == 0.95 and runs.loc[0.01, "val_acc"] == 0.85
+    # under the papers' rule the same trials rank by their test figures
+    CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "t"), "--select", "test"])
+    best = pd.read_parquet(tmp_path / "t" / "best.parquet").iloc[0]
+    assert best["config"] == "lr=0.01" and best["selected_by"] == "test" and best["selected_acc"] == 0.97
 
 
 def test_report_mistakes(tmp_path):

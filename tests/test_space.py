@@ -40,7 +40,7 @@ stop: {grace: 5, patience: 10, max_total_rounds: 200}
     assert space.search["local_epochs"] == d.IntDistribution(1, 5)
     assert space.sampler == "tpe" and space.samples == 10
     # honest by default: the sweep selects on a validation split it carves, never on test accuracy
-    assert space.select == "val" and space.metric == "best_val_acc" and space.base_config().val_frac == 0.1
+    assert space.select == "val" and space.figure == "best_val_acc" and space.base_config().val_frac == 0.1
     assert (space.stop.grace, space.stop.patience, space.stop.max_total_rounds) == (5, 10, 200)
     # the paper's setting first: FedCP's λ = 5, the MLP's lr 0.005, one local epoch; dir:0.1 is the default partition
     assert space.defaults() == {"lam": 5.0, "lr": 0.005, "local_epochs": 1, "partition": "dir:0.1"}
@@ -62,7 +62,7 @@ def test_command_line_overrides_and_val_selection(tmp_path):
     p = write(tmp_path, "settings: {dataset: digits}\nsearch:\n  lr: {loguniform: [0.001, 0.1]}\n")
     space = load_space(p, "fedavg", {"sampler": "random", "samples": 3, "select": "val", "patience": 4}, {"rounds": 7})
     assert (space.sampler, space.samples, space.select, space.stop.patience) == ("random", 3, "val", 4)
-    assert space.metric == "best_val_acc"
+    assert space.figure == "best_val_acc"
     cfg = space.base_config()
     assert cfg.rounds == 7 and cfg.val_frac == 0.1  # val selection gets a validation split
     with pytest.raises(UserError, match="cannot also be fixed"):

@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
 import yaml
@@ -79,9 +80,10 @@ def ray_local():
 def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray_local):
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--seeds", "2"])
+    study_db = tmp_path / "study.db"
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--seeds", "2", "--study-db", str(study_db)])
     assert res.exit_code == 0, res.output
-    assert "best configuration" in res.output and "2 fresh seeds" in res.output
+    assert "best configuration" in res.output and "2 fresh seeds" in res.output and "chosen by" in res.output
     search = trials(tmp_path / "fedavg-tiny" / "search")
     assert len(search) == 3
     assert {"lr": 0.005} in [t["params"] for t in search]  # the MLP's paper learning rate is tried
@@ -99,7 +101,14 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert experiment["stage"] == "search" and experiment["settings"]["method"] == "fedavg"
     summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
     best_lr = summary["best_config"]["lr"]
-    assert summary["best"]["best_acc"] == max(t["rows"][-1]["best_acc"] for t in search)
+    # One trial is best by validation (the earlier round of equals) for the console, Optuna's study and the report.
+    by_rule = max(search, key=lambda t: (t["rows"][-1]["best_val_acc"], -t["rows"][-1]["best_val_round"]))
+    assert by_rule["params"]["lr"] == best_lr and summary["best"]["best_val_acc"] == by_rule["rows"][-1]["best_val_acc"]
+    study = optuna.load_study(study_name="fedavg-tiny", storage=f"sqlite:///{study_db}")
+    assert study.best_trial.params["lr"] == best_lr
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tiny"), "--out", str(tmp_path / "r")]).exit_code == 0
+    best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
+    assert best["config"] == f"lr={best_lr:.4g}" and best["val_acc"] == summary["best"]["best_val_acc"]
     seeds = trials(tmp_path / "fedavg-tiny" / "seeds")
     assert sorted(t["params"]["seed"] for t in seeds) == [1, 2]
     assert all(t["params"]["lr"] == best_lr and t["rows"][-1]["round"] == 3 for t in seeds)

@@ -92,7 +92,7 @@ def run(
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("acc {task.fields[acc]}  best {task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("acc {task.fields[acc]}  best test {task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
         console=console, transient=False,
     ) as progress:  # fmt: skip
         task = progress.add_task(f"{method_class(cfg.method).name} round", total=cfg.rounds, acc="-", best="-")
@@ -178,7 +178,8 @@ def sweep(
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]
     table.add_row("best configuration", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()))
-    table.add_row(f"selected test accuracy ({sp.select})", f"{100 * best['selected_acc']:.2f}% (round {best['best_round']})")
+    table.add_row("chosen by", chosen_by(sp.select, best.get("best_val_acc"), best.get("best_val_round")))
+    table.add_row("selected test accuracy", f"{100 * best['selected_acc']:.2f}% (round {best['best_round']})")
     if summary.get("seeds"):
         import numpy as np
 
@@ -251,18 +252,26 @@ def report(
     console.print("written: " + ", ".join(str(p) for p in result["files"]))
 
 
+def chosen_by(select: str, val_acc: float | None, val_round: float | None) -> str:
+    """The figure that chose a trial: its best validation accuracy, or (the papers' convention) its best test accuracy."""
+    if select == "test":
+        return "best test accuracy (the papers' convention)"
+    return f"best val {100 * val_acc:.2f}% (round {int(val_round)})"
+
+
 def _print_best(best) -> None:
     """Each sweep's best configuration, as in best.md."""
     if best.empty:
         return
     table = Table(title="Best configuration of each sweep")
-    for col in ("sweep", "method", "trials (failed, early)", "best configuration", "selected acc", "seed reruns"):
+    for col in ("sweep", "method", "trials (failed, early)", "best configuration", "chosen by", "selected test acc", "seed reruns"):
         table.add_column(col)
     missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
     for r in best.to_dict("records"):
         acc = "-" if missing(r.get("selected_acc")) else f"{100 * r['selected_acc']:.2f}% (round {int(r['best_round'])})"
         seeds = "-" if missing(r.get("seeds")) else f"{100 * r['seeds_mean']:.2f} ± {100 * r['seeds_std']:.2f}% (n={int(r['seeds'])})"
-        table.add_row(r["sweep"], r["method"], f"{r['trials']} ({r['failed']}, {r['stopped_early']})", escape(str(r.get("config", "-"))), acc, seeds)
+        chosen = "-" if missing(r.get("selected_acc")) else chosen_by(r["selected_by"], r["val_acc"], r["val_round"])
+        table.add_row(r["sweep"], r["method"], f"{r['trials']} ({r['failed']}, {r['stopped_early']})", escape(str(r.get("config", "-"))), chosen, acc, seeds)
     console.print(table)
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from tuner import papers
 from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
-from tuner.run import RunDir, selection
+from tuner.run import SCORE, RunDir, selection
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
 from tuner.plugins import is_variant, method_title
@@ -134,6 +134,7 @@ def summarize(run: dict, select: str | None) -> dict:
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }  # fmt: skip
     chosen = selection(rows.to_dict("records"), select)
+    out |= {"val_acc": chosen["best_val_acc"], "val_round": chosen["best_val_round"], SCORE: chosen[SCORE]}  # what chose, under val
     if math.isnan(chosen["selected_acc"]):
         return out | {"best_acc": math.nan, "best_round": math.nan, "selected_acc": math.nan}
     at = evals[evals["round"] == chosen["best_round"]].iloc[0]
@@ -215,12 +216,8 @@ def _cell(runs: pd.DataFrame, reported: str) -> dict:
         return {"ours_mean": math.nan, "ours_std": math.nan, "seeds": 0, "rounds": 0}
     value = "final_acc" if reported == "final" else "selected_acc"
     final = runs[runs["stage"].isin(FINAL_STAGES)]
-    if final.empty:  # the best configuration tried (by its selection rule), over its seeds
-        groups = runs.groupby("config_key")["selected_acc"].mean()
-        final = runs[runs["config_key"] == groups.idxmax()]
-    else:
-        groups = final.groupby("config_key")["selected_acc"].mean()
-        final = final[final["config_key"] == groups.idxmax()]
+    candidates = runs if final.empty else final  # else the best configuration tried, over its seeds
+    final = candidates[candidates["config_key"] == candidates.groupby("config_key", sort=False)[SCORE].mean().idxmax()]
     acc = 100 * final[value].to_numpy()
     return {"ours_mean": float(acc.mean()), "ours_std": float(acc.std()), "seeds": len(acc), "rounds": int(final["rounds_run"].max())}
 
@@ -273,13 +270,14 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
     search = summaries[summaries["stage"] == "search"]
     for experiment, trials in search.groupby("experiment", sort=True):
         sweep_dir = Path(experiment).parent
-        scored = trials[trials["selected_acc"].notna()]
+        scored = trials[trials[SCORE].notna()]
         row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
                "failed": int((trials["failed"] != "").sum()), "stopped_early": int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())}  # fmt: skip
         if not scored.empty:
-            best = scored.loc[scored["selected_acc"].idxmax()]
+            best = scored.loc[scored[SCORE].idxmax()]  # by the sweep's rule, as its console and Optuna's study chose
             cfg = runs[best.name]["config"]
-            row |= {"selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
+            row |= {"selected_by": best["selected_by"], "val_acc": best["val_acc"], "val_round": best["val_round"],
+                    "selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
                     "config": ", ".join(f"{n}={_short(_value(cfg, n))}" for n in runs[best.name]["searched"])}  # fmt: skip
         seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]["selected_acc"].dropna()
         if len(seeds):
@@ -294,7 +292,7 @@ def _short(value) -> str:
 
 def best_markdown(best: pd.DataFrame) -> str:
     shown = best.drop(columns=["path"]).copy()
-    for col in ("selected_acc", "seeds_mean", "seeds_std"):
+    for col in ("val_acc", "selected_acc", "seeds_mean", "seeds_std"):
         if col in shown:
             shown[col] = (100 * shown[col]).round(2)
     return shown.to_markdown(index=False)
@@ -313,7 +311,7 @@ def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
     for (dataset, partition, clients), group in ok.groupby(["dataset", "partition", "clients"]):
         fig, ax = plt.subplots(figsize=(6, 4))
         for title, by_method in group.groupby("title"):
-            best = by_method.loc[by_method["selected_acc"].idxmax()]
+            best = by_method.loc[by_method[SCORE].idxmax()]
             rows = runs[best.name]["rows"]
             rows = rows[rows["acc"].notna()]
             ax.plot(rows["round"], 100 * rows["acc"], label=f"{title} ({100 * best['selected_acc']:.2f})")

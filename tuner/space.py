@@ -30,6 +30,7 @@ import optuna
 from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
+from tuner.run import FIGURES
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
 SAMPLERS = {
@@ -88,9 +89,9 @@ class Space:
         return SAMPLERS[self.sampler](seed)
 
     @property
-    def metric(self) -> str:
-        """What ASHA, patience and the sampler maximize: the selection metric's best so far."""
-        return "best_acc" if self.select == "test" else "best_val_acc"
+    def figure(self) -> str:
+        """The selecting figure's best so far, as the progress line shows it; runs are ranked by its score (tuner.run)."""
+        return FIGURES[self.select]
 
 
 def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:

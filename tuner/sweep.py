@@ -34,7 +34,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.config import TRIAL_RETRIES, apply_settings, trial_config, user_path
-from tuner.run import selection
+from tuner.run import FIGURES, SCORE, selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
 from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
 from tuner.report import tune_failure
@@ -148,8 +148,8 @@ def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | No
 class SweepProgress(Callback):
     """Trials running, done, stopped early and failed, and the best so far, on one line (instead of Ray's tables)."""
 
-    def __init__(self, total: int, rounds: int, metric: str):
-        self.total, self.rounds, self.metric = total, rounds, metric
+    def __init__(self, total: int, rounds: int, select: str):
+        self.total, self.rounds, self.select = total, rounds, select
         self._reset()
 
     def _reset(self):
@@ -159,7 +159,7 @@ class SweepProgress(Callback):
         self.best = -math.inf
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the live display stays behind
-        return {"total": self.total, "rounds": self.rounds, "metric": self.metric}
+        return {"total": self.total, "rounds": self.rounds, "select": self.select}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -168,7 +168,8 @@ class SweepProgress(Callback):
     def setup(self, **info):
         self.progress = Progress(
             TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  best {task.fields[best]}"),
+            TextColumn("running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  "
+                       f"best {self.select} {{task.fields[best]}}"),
             TimeElapsedColumn(),
         )  # fmt: skip
         self.task = self.progress.add_task("sweep", total=self.total, running=0, early=0, failed=0, best="-")
@@ -184,7 +185,7 @@ class SweepProgress(Callback):
         self._show()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        value = result.get(self.metric)
+        value = result.get(FIGURES[self.select])
         if value is not None and not math.isnan(value):
             self.best = max(self.best, value)
         self._show()
@@ -349,7 +350,7 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 def run_stage(
     sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
     *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
-    rounds: int, metric: str, resume: bool, extra: dict | None = None, budgeted: bool = False,
+    rounds: int, resume: bool, extra: dict | None = None, budgeted: bool = False,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     check_request(res)  # before anything is written or started
@@ -367,14 +368,14 @@ def run_stage(
         tuner = tune.Tuner(
             trainable,
             param_space=param_space or {},
-            tune_config=tune.TuneConfig(metric=metric, mode="max", search_alg=searcher, scheduler=scheduler,
+            tune_config=tune.TuneConfig(metric=SCORE, mode="max", search_alg=searcher, scheduler=scheduler,
                                         num_samples=samples, max_concurrent_trials=res.max_concurrent,
                                         # a trial is seeded and built whole from its config, so a worker that ran
                                         # one runs the next alike, without the ~2.5 s of starting and importing torch
                                         reuse_actors=True),  # fmt: skip
             run_config=tune.RunConfig(
                 name=stage, storage_path=str(sweep_dir), stop=stopper,
-                callbacks=[SweepProgress(expected or samples, rounds, metric), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
+                callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -453,24 +454,24 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
     if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
         storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}") if study_db else None
         searcher = OptunaSearch(
-            space=space.search, metric=space.metric, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
+            space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
             study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
         )  # fmt: skip
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
         searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
-        samples=space.samples, rounds=cfg.rounds, metric=space.metric, resume=restoring, budgeted=space.stop.max_total_rounds is not None,
+        samples=space.samples, rounds=cfg.rounds, resume=restoring, budgeted=space.stop.max_total_rounds is not None,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
-    best = _best(grid, space.metric)
+    best = _best(grid)
     if best is None:
         raise UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
-    summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc")}}
+    summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
     if seeds:
         seeds_grid = run_stage(
             sweep_dir, "seeds", base, space.select, space.report_every, res,
             param_space={**best.config, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
-            stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds, metric=space.metric,
+            stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds,
             resume=resume, extra={"method": space.method, "best_of": "search"},
         )  # fmt: skip
         accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
@@ -479,9 +480,10 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
     return summary
 
 
-def _best(grid, metric: str):
-    results = [r for r in grid if r.metrics and r.metrics.get(metric) is not None and not math.isnan(r.metrics[metric])]
-    return max(results, key=lambda r: r.metrics[metric], default=None)
+def _best(grid):
+    """The best trial by the selection rule (its score); of equal scores, the first trial."""
+    results = [r for r in grid if r.metrics and r.metrics.get(SCORE) is not None and not math.isnan(r.metrics[SCORE])]
+    return max(results, key=lambda r: r.metrics[SCORE], default=None)
 
 
 def _plain(obj):
