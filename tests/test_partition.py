@@ -96,9 +96,13 @@ def test_impossible_requests_are_refused():
         partition(LABELS[:500], 10, spec("dir", 0.1, clients=20, min_samples=40))
     with pytest.raises(UserError, match="use smaller pac_train"):
         partition(LABELS, 10, spec("pac", 0, clients=5, pac_train=9000, pac_test=600))
-    for bad in ("dir", "dir:-1", "pat:1.5", "pac:120", "zipf:2"):
+    for bad in ("dir", "zipf:2"):
         with pytest.raises(UserError, match="not understood"):
             parse_partition(bad)
+    for bad, allowed in (("dir:-1", "above 0"), ("pat:1.5", "per client, at least 1"), ("pat:0", "at least 1"), ("pac:120", "from 0 to 100")):
+        with pytest.raises(UserError, match=f"{bad}'.*{allowed}, not {bad.split(':')[1]}"):  # the range its kind allows
+            parse_partition(bad)
+    assert parse_partition("pac:0") == ("pac", 0.0)  # every sample from the dominant classes: a value, allowed
 
 
 def test_partitions_are_seeded_and_cached(tmp_path, monkeypatch):

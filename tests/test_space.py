@@ -83,7 +83,7 @@ def test_command_line_overrides_and_val_selection(tmp_path):
         ("search:\n  lam: {grid: [1]}\nsampler: annealing\n", "unknown sampler 'annealing'"),
         ("search:\n  lam: {grid: [1]}\nselect: train\n", "select must be test or val"),
         ("search:\n  lam: {grid: [1]}\nstop: {patiense: 3}\n", "stop.patiense is unknown"),
-        ("search:\n  lam: {grid: [1]}\nsamples: 0\n", "'samples' must be a whole number"),
+        ("search:\n  lam: {grid: [1]}\nsamples: 0\n", "space.yaml: samples must be a whole number"),
         ("serach:\n  lam: {grid: [1]}\n", "unknown key 'serach'"),
         ("method: gpfl\nsearch:\n  lam: {grid: [1]}\n", "is a space for gpfl, not fedcp"),
         ("settings: {rounds: 10}\nsearch:\n  lam: {grid: [1]}\nstop: {grace: 20}\n", "exceeds the run's 10 rounds"),

@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.run import score
 from tuner.sweep import Patience, RoundBudget, asha, selection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,8 +166,11 @@ def test_stopping_rules():
     scheduler = asha(5, 100)
     assert scheduler._time_attr == "round" and scheduler._max_t == 100 and asha(None, 100) is None
     rows = [{"round": 1, "acc": 0.5, "val_acc": 0.7}, {"round": 2, "acc": 0.8, "val_acc": 0.6}, {"round": 3, "train_loss": 1.0}]
-    assert selection(rows, "test") == {"best_acc": 0.8, "selected_acc": 0.8, "best_round": 2, "best_val_acc": 0.7}
-    assert selection(rows, "val") == {"best_acc": 0.8, "selected_acc": 0.5, "best_round": 1, "best_val_acc": 0.7}
+    figures = {"best_acc": 0.8, "best_val_acc": 0.7, "best_val_round": 1}
+    assert selection(rows, "test") == {**figures, "selected_acc": 0.8, "best_round": 2, "score": 0.8 - 2e-12}
+    assert selection(rows, "val") == {**figures, "selected_acc": 0.5, "best_round": 1, "score": 0.7 - 1e-12}
+    tied = rows + [{"round": 4, "acc": 0.9, "val_acc": 0.7}]  # the same validation accuracy later: the earlier round stands
+    assert selection(tied, "val")["best_round"] == 1 and score(0.7, 1) > score(0.7, 4) > score(0.699999, 1)
 
 
 def _sweep_cmd(space, storage, *extra):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import signal
@@ -16,7 +17,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tuner.config import RunConfig, apply_settings, load_yaml, parse_set, user_path
+from tuner.config import RunConfig, load_yaml, parse_set, resolve_layers, user_path
+from tuner.data.user_data import is_user_data
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
 
@@ -40,11 +42,22 @@ def user_errors(fn):
         except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
             if e.filename is None:
                 raise
-            err.print(f"[bold red]error:[/] cannot write or read {e.filename} ({e.strerror}); free space or choose another folder. "
+            err.print(f"[bold red]error:[/] cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}. "
                       "Files written before stay whole (every write replaces a file at once).", highlight=False, soft_wrap=True)  # fmt: skip
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def io_advice(e: OSError) -> str:
+    """What to fix for a failed read or write, from its cause: a full disk is not a missing folder."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space or choose another folder"
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "a folder on that path does not exist or is not a folder: fix the path"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a folder you may write to"
+    return "check that path"
 
 
 def absolute(value):
@@ -58,20 +71,25 @@ SET_HELP = "Any other run setting or method hyperparameter, as name=value (repea
 
 
 def make_config(method: str, config: Path | None, options: dict, sets: list[str]) -> RunConfig:
-    cfg = RunConfig(method=method)
-    if config is not None:
-        cfg = apply_settings(cfg, load_yaml(config), str(config))
-    cfg = apply_settings(cfg, {k: v for k, v in options.items() if v is not None}, "option")
-    return apply_settings(cfg, parse_set(sets), "--set")
+    """The resolved run: a YAML file, then the options typed, then --set, each value blamed on where it was typed."""
+    layers = [(str(config), load_yaml(config))] if config is not None else []
+    layers += [(f"--{name}", {name: value}) for name, value in options.items() if value is not None]
+    return resolve_layers(method, layers + [("--set", parse_set(sets))])
+
+
+def at_least(option: str, value: int | None, low: int) -> None:
+    """A number typed on the command line, checked where it was typed."""
+    if value is not None and value < low:
+        raise UserError(f"{option} must be at least {low}, not {value}.")
 
 
 @app.command()
 @user_errors
 def run(
     method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), e.g. fedavg, gpfl, fedpac-fa; or your own as path/to/file.py:ClassName."),
-    dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har [default: fmnist]."),
-    partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet) or pac:S (FedPAC, S % uniform) [default: dir:0.1]."),
-    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20]."),
+    dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; or your own data as a path: a .parquet or .npz file (x, y, optionally client and split), or PFLlib's train/ and test/ folders (docs/own_code.md) [default: fmnist]."),
+    partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet), pac:S (FedPAC, S % uniform), or natural (your data's own clients) [default: dir:0.1]."),
+    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20; with --partition natural, the data's own]."),
     rounds: Optional[int] = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
     out: Path = typer.Option(Path("results/runs/latest"), callback=absolute, help="Directory for config.yaml, metrics.parquet and checkpoint.pt."),
     config: Optional[Path] = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
@@ -85,10 +103,11 @@ def run(
         cfg = RunDir(out).read_config()
         if cfg.method != canonical(method):
             raise UserError(f"{out} holds a {cfg.method} run, not {method}; name {cfg.method} to resume it.")
-        cfg = replace(cfg, rounds=rounds or cfg.rounds)
+        at_least("--rounds", rounds, 1)
+        cfg = replace(cfg, rounds=cfg.rounds if rounds is None else rounds)
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
-        cfg = make_config(method, config, opts, set_).resolved()
+        cfg = make_config(method, config, opts, set_)
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -213,8 +232,9 @@ def reproduce(
     from tuner.reproduce import reproduce as run_reproduction
     from tuner.sweep import Resources
 
-    if seeds < 1:
-        raise UserError(f"--seeds must be at least 1, not {seeds}.")
+    at_least("--seeds", seeds, 1)
+    at_least("--rounds", rounds, 1)
+    at_least("--patience", patience, 1)
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
     sweep_dir, skipped = run_reproduction(table, storage, res, seeds=seeds, rounds=rounds, datasets=dataset, methods=method,
                                           patience=patience, settings=parse_set(set_), vary_partition=vary_partition, resume=resume)  # fmt: skip
@@ -326,9 +346,9 @@ def methods(
 @data_app.command("show")
 @user_errors
 def data_show(
-    dataset: str = typer.Option("fmnist", help="Dataset name."),
-    partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA or pac:S."),
-    clients: int = typer.Option(20, help="Number of clients."),
+    dataset: str = typer.Option("fmnist", help="A built-in dataset's name, or your own data as a path: a .parquet or .npz file, or PFLlib's train/ and test/ folders."),
+    partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA, pac:S, or natural (your data's own clients)."),
+    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20; with --partition natural, the data's own]."),
     out: Path = typer.Option(Path("partition.png"), callback=absolute, help="PNG file to draw the partition into."),
     set_: list[str] = typer.Option([], "--set", help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, pac_train, pac_test, data_dir."),
 ):
@@ -338,10 +358,11 @@ def data_show(
     from tuner.data.show import draw_partition, summary_rows
     from tuner.run import build_data
 
-    cfg = make_config("fedavg", None, {"dataset": dataset, "partition": partition, "clients": clients}, set_).resolved()
+    cfg = make_config("fedavg", None, {"dataset": dataset, "partition": partition, "clients": clients}, set_)
     data = build_data(cfg, torch.device("cpu"))
-    draw_partition(data, out, f"{dataset} {partition}, {clients} clients")
-    table = Table(title=f"{dataset} {partition}: {clients} clients")
+    name = Path(cfg.dataset).name if is_user_data(cfg.dataset) else cfg.dataset
+    draw_partition(data, out, f"{name} {cfg.partition}, {cfg.clients} clients")
+    table = Table(title=f"{name} {cfg.partition}: {cfg.clients} clients")
     rows = summary_rows(data)
     for col in rows[0]:
         table.add_column(col, justify="right")

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from algorithms.base import Unsupported, hparam_names
-from tuner.data.datasets import LOADERS, NORMALIZATIONS
+from tuner.data.datasets import AS_LOADED, LOADERS, NORMALIZATIONS, takes_normalization
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
@@ -78,7 +78,7 @@ class RunConfig:
     momentum: float | None = None
     weight_decay: float | None = None
     augment: bool | None = None  # random crop (pad 4) + horizontal flip of training images
-    normalize: str | None = None  # half: (x - 0.5) / 0.5 as PFLlib; dataset: per-channel mean / std
+    normalize: str | None = None  # half: (x - 0.5) / 0.5 as PFLlib; dataset: per-channel mean / std; none: as loaded
     full_last_round: bool | None = None  # every client takes part in the last round (FedPAC §5)
     groups: int | None = None  # client i is in group i mod groups (pac partition, shifts)
     join_ratio: str = "1"  # a fraction, or LO-HI to draw it each round
@@ -125,6 +125,7 @@ class RunConfig:
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
         engine = auto_engine(device) if self.engine == "auto" else self.engine
         run["backbone"] = canonical(run["backbone"])
+        run["normalize"] = self._normalization(dataset, run["normalize"])
         out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,
                       engine=engine, hparams=hp)._checked()  # fmt: skip
         object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
@@ -138,18 +139,29 @@ class RunConfig:
                 raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}, or give a path to your own (.parquet, .npz, PFLlib folder).")
             if natural:
                 raise UserError(f"Partition natural keeps the clients a user's data names; {self.dataset} names none: choose iid, pat:N, dir:BETA or pac:S.")
-            return self.dataset, self.clients or DEFAULT_CLIENTS, self.backbone
+            return self.dataset, DEFAULT_CLIENTS if self.clients is None else self.clients, self.backbone
         dataset = str(user_path(self.dataset))
         ds = load_user_data(dataset)
         backbone = self.backbone or backbone_for(ds.input_shape)
         if not natural:
-            return dataset, self.clients or DEFAULT_CLIENTS, backbone
+            return dataset, DEFAULT_CLIENTS if self.clients is None else self.clients, backbone
         if ds.owners is None:
             raise UserError(f"Partition natural keeps the data's own clients, and {dataset} has no client column; add one or choose iid, pat:N or dir:BETA.")
         own = int(ds.owners.max()) + 1
         if self.clients not in (None, own):
             raise UserError(f"{dataset} holds {own} clients, so partition natural runs {own}, not clients={self.clients}; leave clients unset.")
         return dataset, own, backbone
+
+    def _normalization(self, dataset: str, chosen: str) -> str:
+        """The normalization applied, recorded as such: `none` where the inputs are used as loaded."""
+        if self.normalize is not None and self.normalize not in NORMALIZATIONS:
+            raise UserError(f"Unknown normalize '{self.normalize}'; choose one of {', '.join(NORMALIZATIONS)}.")
+        takes = takes_normalization(load_user_data(dataset)) if is_user_data(dataset) else dataset not in AS_LOADED
+        if takes and self.normalize == "none":
+            raise UserError(f"{dataset} holds images stored as bytes, which the backbones take normalized: set normalize to half or dataset, or leave it unset.")
+        if not takes and self.normalize not in (None, "none"):
+            raise UserError(f"normalize {self.normalize} applies to images stored as bytes, and {dataset}'s inputs are used as loaded: leave normalize unset.")
+        return chosen if takes else "none"
 
     def _checked(self) -> "RunConfig":
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
@@ -158,8 +170,6 @@ class RunConfig:
         for name in ("local_epochs", "cohort_chunk", "partition_seed", "momentum", "weight_decay"):
             if getattr(self, name) < 0:
                 raise UserError(f"Setting {name} cannot be negative, not {getattr(self, name)}.")
-        if self.normalize not in NORMALIZATIONS:
-            raise UserError(f"Unknown normalize '{self.normalize}'; choose one of {', '.join(NORMALIZATIONS)}.")
         if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
             raise UserError(f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}.")
         if self.shift not in SHIFTS:
@@ -283,10 +293,32 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
     out = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
-        if not eq or not name:
+        if not eq or not name.strip():
             raise UserError(f"--set '{pair}' must look like name=value.")
-        out[name.strip()] = yaml.safe_load(value) if value.strip() else None
+        if not value.strip():  # an empty value is a slip, not a request for the default
+            raise UserError(f"--set '{pair}' gives {name.strip()} no value; write {name.strip()}=VALUE, or leave it out for the default.")
+        out[name.strip()] = yaml.safe_load(value)
     return out
+
+
+def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
+    """The run that layers of settings describe, each over the ones before (a file, the options, --set),
+    resolved; a value the run refuses is blamed on the layer that brought it (0 is a value, never unset)."""
+    cfg, applied = RunConfig(method=method), []
+    for source, settings in layers:
+        if settings:
+            cfg = apply_settings(cfg, settings, source)
+            applied.append((source, cfg))
+    try:
+        return cfg.resolved()
+    except UserError as refused:
+        for source, partial in applied:  # the first layer after which the same refusal appears
+            try:
+                partial.resolved()
+            except UserError as e:
+                if str(e) == str(refused):
+                    raise UserError(f"{source}: {refused}") from None
+        raise
 
 
 def read_mapping(path: str | Path, what: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
 from tuner.run import SCORE, RunDir, selection
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
+from tuner.data.user_data import is_user_data
 from tuner.plugins import is_variant, method_title
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
@@ -299,6 +300,15 @@ def best_markdown(best: pd.DataFrame) -> str:
 
 
 # --- plots
+def dataset_names(datasets) -> dict[str, str]:
+    """A short name for each dataset, for file names and titles: a built-in's own; a file's stem, with a
+    hash of its path where two files of one stem (in different folders) are reported together."""
+    paths = sorted(set(datasets))
+    stem = {d: re.sub(r"[^A-Za-z0-9._-]+", "-", Path(d).stem) if is_user_data(d) else d for d in paths}
+    shared = {s for s in stem.values() if list(stem.values()).count(s) > 1}
+    return {d: f"{s}-{hashlib.sha1(d.encode()).hexdigest()[:6]}" if s in shared else s for d, s in stem.items()}
+
+
 def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
     """Accuracy per round of the best run of each method, one figure per setting."""
     import matplotlib
@@ -308,7 +318,9 @@ def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
 
     files = []
     ok = summaries[summaries["selected_acc"].notna()]
+    short = dataset_names(ok["dataset"])
     for (dataset, partition, clients), group in ok.groupby(["dataset", "partition", "clients"]):
+        dataset = short[dataset]
         fig, ax = plt.subplots(figsize=(6, 4))
         for title, by_method in group.groupby("title"):
             best = by_method.loc[by_method[SCORE].idxmax()]

@@ -74,7 +74,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     if not todo:
         raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
     paper_name = papers.TABLES[table].paper
-    rounds = rounds or papers.PAPERS[paper_name].rounds
+    rounds = papers.PAPERS[paper_name].rounds if rounds is None else rounds
     sweep_dir = user_path(storage) / table  # absolute before Ray sees it
     if not resume and (sweep_dir / "reproduce").exists():
         raise UserError(f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage.")
@@ -83,7 +83,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
         sweep_dir, "reproduce", base, "test", 1, res,
         param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
         stopper=stoppers(patience, None), samples=1, expected=len(todo) * seeds, rounds=rounds,
-        metric="best_acc", resume=resume, extra={"table": table, "paper": paper_name},
+        resume=resume, extra={"table": table, "paper": paper_name},
     )  # fmt: skip
     return sweep_dir, skipped
 

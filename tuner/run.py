@@ -188,6 +188,8 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
     sim = build_simulation(cfg)
     if resume:
         run_dir.load(sim)
+        if cfg.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
+            raise UserError(f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more than {sim.round} to continue it.")
     run_dir.write_config(cfg)
     try:
         while sim.round < cfg.rounds:

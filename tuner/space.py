@@ -27,7 +27,7 @@ from typing import Any
 
 import optuna
 
-from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping
+from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping, resolve_layers
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
 from tuner.run import FIGURES
@@ -113,6 +113,11 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     named = canonical(str(data["method"])) if data.get("method") else None  # a file: from the current directory, as on the command line
     if named not in (None, method) and not method.startswith(f"{named}-"):  # a variant may use its method's space
         raise UserError(f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file.")
+    typed = {key for key, value in (overrides or {}).items() if value is not None}
+
+    def named(key: str) -> str:  # a value is blamed where it was typed: the command line, or the file
+        return f"--{key.replace('_', '-')}" if key in typed else f"{where}: {'stop.' if key in STOP_KEYS else ''}{key}"
+
     for key, value in (overrides or {}).items():
         if value is not None:
             if key in STOP_KEYS:
@@ -124,7 +129,9 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     clash = search_names & set(settings or {})
     if clash:
         raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
-    settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings"), **(settings or {})})
+    fixed, typed_settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings")}), absolute_settings(settings or {})
+    resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])  # refused here, not by a search probe
+    settings = {**fixed, **typed_settings}
     base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
     search_spec = _mapping(data.get("search"), where, "search")
     if not search_spec:
@@ -143,12 +150,12 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     space = Space(
         method=method, settings=settings, search=search, grids=grids, source=where,
         sampler=str(data.get("sampler") or ("grid" if len(grids) == len(search) else "tpe")),
-        samples=_positive(data.get("samples", 10), where, "samples"),
+        samples=_positive(data.get("samples", 10), named("samples")),
         select=str(data.get("select") or "val"),  # selecting on test accuracy would tune on the test set
-        report_every=_positive(data.get("report_every", 1), where, "report_every"),
-        stop=_stopping(data.get("stop"), where),
+        report_every=_positive(data.get("report_every", 1), named("report_every")),
+        stop=_stopping(data.get("stop"), where, named),
     )  # fmt: skip
-    _check(space, base)
+    _check(space, base, named)
     if space.select == "val" and base.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
@@ -173,9 +180,9 @@ def _shared_setting(name: Any, where: str) -> dict[str, Any]:
     return dict(SETTINGS[name])
 
 
-def _positive(value: Any, where: str, key: str) -> int:
+def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{where}: '{key}' must be a whole number of at least 1, not {value!r}.")
+        raise UserError(f"{name} must be a whole number of at least 1, not {value!r}.")
     return value
 
 
@@ -212,28 +219,28 @@ def _probe_values(dist: optuna.distributions.BaseDistribution) -> list:
     return [dist.low, dist.high]
 
 
-def _stopping(value: Any, where: str) -> Stopping:
+def _stopping(value: Any, where: str, named) -> Stopping:
     spec = _mapping(value, where, "stop")
     for key, v in spec.items():
         if key not in STOP_KEYS:
             raise UserError(f"{where}: stop.{key} is unknown; stop may hold {', '.join(STOP_KEYS)}.")
         if v is not None:
-            _positive(v, where, f"stop.{key}")
+            _positive(v, named(key))
     return Stopping(**spec)
 
 
-def _check(space: Space, base: RunConfig) -> None:
+def _check(space: Space, base: RunConfig, named) -> None:
     where = space.source
     if space.sampler != "grid" and space.sampler not in SAMPLERS:
-        raise UserError(f"{where}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
+        raise UserError(f"{named('sampler')}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
     if space.sampler == "grid" and len(space.grids) != len(space.search):
         other = next(k for k in space.search if k not in space.grids)
         raise UserError(f"{where}: the grid sampler needs every distribution to be a grid, but search.{other} is not.")
     if space.select not in SELECTS:
-        raise UserError(f"{where}: select must be test or val, not {space.select!r}.")
+        raise UserError(f"{named('select')} must be test or val, not {space.select!r}.")
     rounds = base.resolved().rounds
     if space.stop.grace is not None and space.stop.grace > rounds:
-        raise UserError(f"{where}: stop.grace ({space.stop.grace}) exceeds the run's {rounds} rounds.")
+        raise UserError(f"{named('grace')} ({space.stop.grace}) exceeds the run's {rounds} rounds.")
     if space.sampler == "grid":
         space.samples = space.grid_points()
 

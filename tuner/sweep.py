@@ -148,18 +148,20 @@ def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | No
 class SweepProgress(Callback):
     """Trials running, done, stopped early and failed, and the best so far, on one line (instead of Ray's tables)."""
 
-    def __init__(self, total: int, rounds: int, select: str):
-        self.total, self.rounds, self.select = total, rounds, select
+    def __init__(self, total: int, rounds: int, select: str, stage: Path):
+        self.total, self.rounds, self.select, self.stage = total, rounds, select, str(stage)
         self._reset()
 
     def _reset(self):
         self.progress = None
         self.running: set[str] = set()
-        self.counts = {"early": 0, "failed": 0, "done": 0}
+        self.counts = finished_trials.setdefault(self.stage, {"early": 0, "failed": 0, "done": 0})
+        self.counts.update(early=0, failed=0, done=0)
+        self.restored = False
         self.best = -math.inf
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the live display stays behind
-        return {"total": self.total, "rounds": self.rounds, "select": self.select}
+        return {"total": self.total, "rounds": self.rounds, "select": self.select, "stage": self.stage}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -179,6 +181,17 @@ class SweepProgress(Callback):
         best = f"{100 * self.best:.2f}%" if self.best > -math.inf else "-"
         done = self.counts["done"] + self.counts["failed"]
         self.progress.update(self.task, completed=done, running=len(self.running), early=self.counts["early"], failed=self.counts["failed"], best=best)
+
+    def on_step_begin(self, iteration, trials, **info):
+        """A resumed sweep's trials that finished or failed before count as done (its first step, before any ends)."""
+        if not self.restored:
+            self.restored = True
+            for t in trials:
+                if t.status in ("TERMINATED", "ERROR"):
+                    self.counts["failed" if t.status == "ERROR" else "done"] += 1
+                    self.counts["early"] += t.status == "TERMINATED" and (t.last_result or {}).get("round", self.rounds) < self.rounds
+                    self.best = max(self.best, (t.last_result or {}).get(FIGURES[self.select], -math.inf))
+            self._show()
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.running.add(trial.trial_id)
@@ -219,6 +232,9 @@ class FinalFailures(Callback):
 
 STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
 storage_failures: dict[str, str] = {}  # a reserve file -> why its storage failed; set by StorageWatch, read by run_stage
+# a stage's folder -> its trials done (early-stopped among them) and failed, as SweepProgress counted them: Tune
+# marks a trial stopped by Ctrl-C terminated like a finished one, and a restored experiment has its own callbacks
+finished_trials: dict[str, dict[str, int]] = {}
 
 
 class StorageWatch(Callback):
@@ -265,6 +281,7 @@ def quiet(verbose: bool) -> None:
         for name in ("ray", "ray.tune", "ray.train"):  # failures reach the progress line as one sentence instead
             logging.getLogger(name).setLevel(logging.CRITICAL)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", message="The reported value is ignored")  # a resumed trial repeats its rounds
 
 
 def check_request(res: Resources) -> None:
@@ -350,7 +367,7 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 def run_stage(
     sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
     *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
-    rounds: int, resume: bool, extra: dict | None = None, budgeted: bool = False,
+    rounds: int, resume: bool, extra: dict | None = None, budget: int | None = None,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     check_request(res)  # before anything is written or started
@@ -375,7 +392,7 @@ def run_stage(
                                         reuse_actors=True),  # fmt: skip
             run_config=tune.RunConfig(
                 name=stage, storage_path=str(sweep_dir), stop=stopper,
-                callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
+                callbacks=[SweepProgress(expected or samples, rounds, select, path), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -398,10 +415,10 @@ def run_stage(
         reserve.unlink(missing_ok=True)
     if str(reserve) in storage_failures:
         raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
-    # The statuses Tune holds, not its saved snapshot: that can still call PENDING a trial given up on while it restarted.
-    unfinished = len(grid) - grid.num_errors - grid.num_terminated
-    if not budgeted:  # a stop before the searcher made a trial leaves no trace but the count (a round budget ends sweeps so)
-        unfinished += max(0, (expected or samples) - len(grid))
+    counts = finished_trials.pop(str(path))
+    ended = counts["done"] + counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
+    spent = sum((r.metrics or {}).get("round", 0) for r in grid)
+    unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended  # a spent budget ends trials
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
         raise Interrupted(
             f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
@@ -460,7 +477,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
         searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
-        samples=space.samples, rounds=cfg.rounds, resume=restoring, budgeted=space.stop.max_total_rounds is not None,
+        samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
     best = _best(grid)

@@ -44,14 +44,21 @@ class Dataset:
         return tuple(self.x.shape[1:])
 
 
-NORMALIZATIONS = ("half", "dataset")
+NORMALIZATIONS = ("half", "dataset", "none")  # none: inputs used as loaded (what is recorded where nothing applies)
+AS_LOADED = ("agnews", "har")  # built-ins whose inputs are not bytes of images: token ids, float signals
+
+
+def takes_normalization(ds: Dataset) -> bool:
+    """Images stored as bytes are normalized; everything else (float images come normalized, as PFLlib's
+    files, features, signals, token ids) is used as loaded."""
+    return ds.kind == "image" and ds.x.dtype == torch.uint8
 
 
 def decode(ds: Dataset, normalize: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Turn stored samples into model inputs. Images: `half` maps to [-1, 1] as PFLlib's
     Normalize(0.5, 0.5) does; `dataset` subtracts each channel's mean and divides by its std
     (over the pooled dataset), as FedPAC's CIFAR code does."""
-    if ds.kind != "image" or ds.x.is_floating_point():  # float images come normalized (PFLlib's files)
+    if normalize == "none" or not takes_normalization(ds):
         return lambda x: x
     if normalize == "half":
         return lambda x: x.float().mul_(2.0 / 255.0).sub_(1.0)

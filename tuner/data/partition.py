@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,18 +44,23 @@ class PartitionSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+RANGES = {"pat": "a whole number of classes per client, at least 1", "dir": "a Dirichlet concentration above 0",
+          "pac": "the uniform share in %, from 0 to 100"}  # fmt: skip
+
+
 def parse_partition(text: str) -> tuple[str, float | None]:
     """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None)."""
     kind, _, value = text.partition(":")
     if kind in ("iid", "natural") and not value:
         return kind, None
-    if kind in ("pat", "dir", "pac") and value:
+    if kind in RANGES and value:
         try:
             v = float(value)
         except ValueError:
-            v = None
-        if v is not None and v > 0 and (kind != "pat" or v.is_integer()) and (kind != "pac" or v <= 100):
+            v = math.nan
+        if {"pat": v >= 1 and v.is_integer(), "dir": v > 0, "pac": 0 <= v <= 100}[kind]:
             return kind, v
+        raise UserError(f"Partition '{text}': {kind}'s value must be {RANGES[kind]}, not {value}.")
     raise UserError(
         f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), pac:S (S % uniform, 0-100) or natural (your data's own clients)."
     )

@@ -168,7 +168,7 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
     if x.ndim not in (2, 4):
         raise UserError(f"Dataset {p}: each x must be a feature vector or an image (channels, height, width), not shape {x.shape[1:]}.")
     image = x.ndim == 4
-    tensor = torch.from_numpy(np.ascontiguousarray(x if x.dtype == np.uint8 else x.astype(np.float32)))
+    tensor = torch.from_numpy(np.ascontiguousarray(x if image and x.dtype == np.uint8 else x.astype(np.float32)))  # bytes: images to normalize
     owners = is_train = None
     if client is not None:
         owners = pd.factorize(np.asarray(client), sort=True)[0].astype(np.int64)
@@ -194,6 +194,12 @@ def _labels(y: np.ndarray, p: Path) -> np.ndarray:
     y = y.astype(np.int64)
     if y.min() < 0:
         raise UserError(f"Dataset {p}: y holds the negative label {y.min()}; number classes 0, 1, ...")
+    found = np.unique(y)
+    if len(found) != found[-1] + 1:  # a class with no sample: labels 1..K would train an empty class 0
+        missing = sorted(set(range(found[-1] + 1)) - set(found.tolist()))
+        shown = ", ".join(map(str, found[:12])) + (", ..." if len(found) > 12 else "")
+        raise UserError(f"Dataset {p}: y's labels are {shown}, with no sample of class {', '.join(map(str, missing[:5]))}; "
+                        f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1).")  # fmt: skip
     return y
 
 
