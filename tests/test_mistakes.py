@@ -4,6 +4,8 @@ exit code, no traceback, and in bounded time (none waits on Ray or a download)."
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -27,7 +29,15 @@ MISTAKES = [
     ("run: a backbone the images do not fit", ["run", "fedavg", *DIGITS, "--set", "backbone=cnn4"], 2, "backbone=mlp"),
     ("run: an unknown backbone", ["run", "fedavg", *DIGITS, "--set", "backbone=vit"], 2, "Unknown backbone 'vit'"),
     ("run: data that is not there", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], 2, "/nonexistent"),
-    ("run: zero rounds", ["run", "fedavg", "--dataset", "digits", "--rounds", "0"], 2, "rounds must be at least 1"),
+    ("run: zero rounds", ["run", "fedavg", "--dataset", "digits", "--rounds", "0"], 2, "--rounds: Setting rounds must be at least 1, not 0"),
+    ("run: zero clients", ["run", "fedavg", "--dataset", "digits", "--clients", "0"], 2, "--clients: Setting clients must be at least 1, not 0"),
+    ("run: zero clients in a config file", ["run", "fedavg", "--config", "{w}/zero-clients.yaml"], 2, "zero-clients.yaml: Setting clients must be at least 1, not 0"),
+    ("run: --set with no value", ["run", "fedavg", *DIGITS, "--set", "lr="], 2, "--set 'lr=' gives lr no value"),
+    ("run: a uniform share above 100 %", ["run", "fedavg", "--dataset", "digits", "--partition", "pac:101"], 2, "pac's value must be the uniform share in %, from 0 to 100, not 101"),
+    ("run: --resume with zero rounds", ["run", "fedavg", "--resume", "--rounds", "0", "--out", "{w}/done"], 2, "--rounds must be at least 1, not 0"),
+    ("run: --resume with no rounds left", ["run", "fedavg", "--resume", "--rounds", "1", "--out", "{w}/done"], 2, "has run 1 rounds already; --rounds is the new total: give more than 1"),
+    ("run: labels numbered from 1", ["run", "fedavg", "--dataset", "{w}/from-one.parquet"], 2, "y's labels are 1, 2, 3, with no sample of class 0"),
+    ("run: a normalization features do not take", ["run", "fedavg", "--dataset", "{w}/from-one-fixed.parquet", "--set", "normalize=half"], 2, "normalize half applies to images stored as bytes"),
     ("run: a negative learning rate", ["run", "fedavg", *DIGITS, "--set", "lr=-0.1"], 2, "lr must be positive"),
     ("run: a GPU on a machine without one", ["run", "fedavg", *DIGITS, "--set", "device=cuda"], 2, "has no CUDA GPU"),
     ("run: an unknown float type", ["run", "fedavg", *DIGITS, "--set", "dtype=float16"], 2, "Unknown dtype"),
@@ -47,7 +57,13 @@ MISTAKES = [
     ("sweep: another method's space", ["sweep", "fedavg", "--space", DEMO], 2, "is a space for gpfl, not fedavg"),
     ("sweep: a space that searches nothing", ["sweep", "fedavg", "--space", "{w}/empty.yaml"], 2, "names no setting to search"),
     ("sweep: a distribution that makes bad runs", ["sweep", "fedavg", "--space", "{w}/negative.yaml"], 2, "lr must be positive"),
-    ("sweep: an unknown sampler", ["sweep", "gpfl", "--space", DEMO, "--sampler", "magic", "--storage", "{w}/s"], 2, "sampler"),
+    ("sweep: an unknown sampler typed", ["sweep", "gpfl", "--space", DEMO, "--sampler", "bayes", "--storage", "{w}/s"], 2, "--sampler: unknown sampler 'bayes'"),
+    ("sweep: no samples typed", ["sweep", "gpfl", "--space", DEMO, "--samples", "0", "--storage", "{w}/s"], 2, "--samples must be a whole number of at least 1, not 0"),
+    ("sweep: an unknown selection typed", ["sweep", "gpfl", "--space", DEMO, "--select", "best", "--storage", "{w}/s"], 2, "--select must be test or val, not 'best'"),
+    ("sweep: a grace beyond the rounds typed", ["sweep", "gpfl", "--space", DEMO, "--grace", "100", "--storage", "{w}/s"], 2, "--grace (100) exceeds the run's 15 rounds"),
+    ("sweep: zero patience typed", ["sweep", "gpfl", "--space", DEMO, "--patience", "0", "--storage", "{w}/s"], 2, "--patience must be a whole number of at least 1, not 0"),
+    ("sweep: zero rounds with --set", ["sweep", "gpfl", "--space", DEMO, "--set", "rounds=0", "--storage", "{w}/s"], 2, "--set: Setting rounds must be at least 1, not 0"),
+    ("sweep: zero rounds in the space file", ["sweep", "gpfl", "--space", "{w}/zero-rounds.yaml", "--storage", "{w}/s"], 2, "zero-rounds.yaml: settings: Setting rounds must be at least 1, not 0"),
     ("sweep: negative GPUs", ["sweep", "gpfl", "--space", DEMO, "--gpus-per-trial", "-1", "--storage", "{w}/s"], 2, "--gpus-per-trial must be 0"),
     ("sweep: zero CPUs", ["sweep", "gpfl", "--space", DEMO, "--cpus-per-trial", "0", "--storage", "{w}/s"], 2, "--cpus-per-trial must be positive"),
     ("sweep: negative seeds", ["sweep", "gpfl", "--space", DEMO, "--seeds", "-1", "--storage", "{w}/s"], 2, "--seeds must be 0 or more"),
@@ -59,8 +75,10 @@ MISTAKES = [
     ("report: an unknown selection", ["report", "{w}/empty-folder", "--select", "best"], 2, "--select must be test or val"),
     ("reproduce: an unknown table", ["reproduce", "gpfl-table99"], 2, "Unknown table 'gpfl-table99'"),
     ("reproduce: no seed", ["reproduce", "gpfl-table1", "--seeds", "0"], 2, "--seeds must be at least 1"),
+    ("reproduce: zero rounds", ["reproduce", "gpfl-table1", "--rounds", "0"], 2, "--rounds must be at least 1, not 0"),
     ("reproduce: no data for any cell", ["reproduce", "gpfl-table1", "--dataset", "cifar10", "--set", "data_dir=/nonexistent"], 2, "can run here"),
     ("data show: an unknown dataset", ["data", "show", "--dataset", "imagenet", "--out", "{w}/p.png"], 2, "Unknown dataset 'imagenet'"),
+    ("data show: zero clients", ["data", "show", "--dataset", "digits", "--clients", "0", "--out", "{w}/p.png"], 2, "--clients: Setting clients must be at least 1, not 0"),
     ("data show: an impossible partition", ["data", "show", "--dataset", "digits", "--partition", "pat:11", "--out", "{w}/p.png"], 2, "11 classes per client"),
     ("methods: a template name with spaces", ["methods", "--template", "Fed New"], 2, "must be lower case letters"),
 ]
@@ -79,6 +97,12 @@ def workspace(tmp_path_factory):
     damaged.mkdir()
     (damaged / "config.yaml").write_text("method: fedavg\ndataset: digits\n")
     (damaged / "metrics.parquet").write_bytes(b"PAR1 cut short")
+    (w / "zero-clients.yaml").write_text("dataset: digits\nclients: 0\n")
+    (w / "zero-rounds.yaml").write_text("method: gpfl\nsettings: {dataset: digits, rounds: 0}\nsearch:\n  lam: {loguniform: [0.0001, 1]}\n")
+    rng = np.random.default_rng(0)
+    for name, first in (("from-one", 1), ("from-one-fixed", 0)):
+        pd.DataFrame({"x": list(rng.normal(size=(60, 4))), "y": first + np.arange(60) % 3, "client": np.arange(60) % 3}).to_parquet(w / f"{name}.parquet")
+    assert CliRunner().invoke(app, ["run", "fedavg", *DIGITS, "--out", str(w / "done")]).exit_code == 0  # a finished run to resume
     return w
 
 

@@ -206,6 +206,7 @@ def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path, spawn
     done_before = [name for name, rounds in before.items() if rounds[-1] == 4]
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
     after = trials(experiment)
     assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
     for t in after:
@@ -234,6 +235,9 @@ def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_p
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "--resume" in out and "Traceback" not in out
+    # a trial running at the stop (Tune marks it terminated like a finished one) and one never begun are unfinished
+    finished = [t for t in trials_so_far(experiment) if t["rows"] and t["rows"][-1]["round"] == 8]
+    assert f"Stopped with {2 - len(finished)} trials unfinished" in " ".join(out.split()), out
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [8, 8]
