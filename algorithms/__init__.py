@@ -40,5 +40,5 @@ _ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARI
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 
-# The public interface a method of one's own is written against (docs/methods.md, "Add your method").
+# The public interface a method of one's own is written against (docs/own_code.md, "Add your method in one file").
 __all__ = ["METHODS", "SGD", "Adam", "Method", "Net", "Passes", "Phase", "Round", "Training", "Unsupported", "Yogi", "variant", "weighted_mean"]

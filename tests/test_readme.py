@@ -72,3 +72,13 @@ def test_the_readmes_test_counts_are_the_suites():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"the quick loop, {quick} tests in" in readme, f"README: the quick loop has {quick} tests"
     assert f"on a fresh clone, {whole} tests in" in readme, f"README: the whole suite has {whole} tests"
+
+
+def test_every_section_the_code_points_to_exists():
+    """`docs/X.md, "Section"` in a docstring or comment names a heading of that page (a user follows it)."""
+    pointers = [(path, doc, section) for folder in ("tuner", "algorithms", "examples", "bench") for path in (ROOT / folder).rglob("*.py")
+                for doc, section in re.findall(r'(docs/[a-z_]+\.md), "([^"]+)"', path.read_text())]  # fmt: skip
+    assert len(pointers) >= 4
+    for path, doc, section in pointers:
+        headings = [line.lstrip("#").strip() for line in (ROOT / doc).read_text().splitlines() if line.startswith("#")]
+        assert any(h.startswith(section) for h in headings), (path, doc, section)

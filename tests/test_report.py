@@ -210,3 +210,32 @@ def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed
                      & (tables["method"] == method.strip("*"))]  # fmt: skip
         assert len(hit) == 1, (paper_table, partition, method)
         assert f"{hit['ours_mean'].iloc[0]:.2f}" == ours.strip("*") and hit["rounds"].iloc[0] == int(rounds), (paper_table, partition, method)
+
+
+def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_report_prints_of_the_committed_runs():
+    from pathlib import Path
+
+    from tuner.papers import load_tables
+    from tuner.report import find_runs, paper_cell, paper_tables, summarize
+
+    root = Path(__file__).resolve().parents[1]
+
+    def fedpac_table1(folder):
+        runs, unreadable = find_runs([root / "results" / folder])
+        assert not unreadable
+        summaries = pd.DataFrame([summarize(r, None) for r in runs]).assign(cell=[paper_cell(r["config"]) for r in runs])
+        t = paper_tables(summaries, load_tables())
+        return t[(t["paper"] == "FedPAC") & (t["table"] == "Table1") & (t["column"] == "FMNIST dominant_s20") & (t["seeds"] > 0)].set_index("method")
+
+    gpu, cpu = fedpac_table1("gpu/fedpac-table1-fmnist-h100"), fedpac_table1("reproduction")
+    page = (root / "docs" / "reproduction.md").read_text().split("## FedPAC Table 1 at 200 rounds, on an H100")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(gpu) == 23
+    for method, rounds, ours, paper, _ in rows:
+        assert (f"{gpu.loc[method, 'ours_mean']:.2f}", gpu.loc[method, "rounds"], f"{gpu.loc[method, 'paper_mean']:.2f}") == (ours, int(rounds), paper)
+    readme = (root / "README.md").read_text().split("## Results so far")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in readme.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 23
+    for method, on_cpu, on_gpu, _ in rows:
+        assert on_cpu == f"{cpu.loc[method, 'ours_mean']:.2f}" and cpu.loc[method, "rounds"] == 8
+        assert on_gpu == f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})"

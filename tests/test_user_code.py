@@ -4,6 +4,7 @@ swept by Ray Tune, tabled beside the baselines; every mistake in them one senten
 import json
 import math
 import os
+import re
 import textwrap
 from dataclasses import replace
 from pathlib import Path
@@ -169,8 +170,9 @@ def test_a_users_method_gets_its_own_row_in_a_paper_table_beside_the_baselines(t
 # ---------------------------------------------------------------- the user's data
 
 
-def write_clients(path: Path, n=480, clients=6, with_split=True, **overrides):
-    rng = np.random.default_rng(0)
+def write_clients(path: Path, n=480, clients=6, with_split=True, seed=0, **overrides):
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
     y = rng.integers(0, 4, n)
     x = rng.normal(size=(n, 12)).astype(np.float32)
     x[np.arange(n), y] += 3.0
@@ -203,6 +205,32 @@ def test_a_file_without_clients_takes_any_partition_and_images_get_the_cnn(tmp_p
     res = invoke("run", "fedper", "--dataset", images, "--partition", "dir:0.5", "--clients", "3", "--rounds", "1", "--out", tmp_path / "run")
     assert res.exit_code == 0, res.output
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["backbone"] == "cnn4"
+
+
+def test_runs_over_files_in_nested_folders_are_reported_with_every_figure_named_by_the_files_stem(tmp_path):
+    """Two sites' files of one name in different folders: each run's curves get a file of their own, named by
+    the stem (a hash of the path tells the two apart), never by the absolute path."""
+    for site, seed in (("north", 0), ("south", 1)):
+        data = write_clients(tmp_path / "lab" / site / "deep folder" / "wine.parquet", seed=seed)
+        res = invoke("run", "fedper", "--dataset", data, "--partition", "natural", "--rounds", "2", "--out", tmp_path / "runs" / site)
+        assert res.exit_code == 0, res.output
+    res = invoke("report", tmp_path / "runs", "--out", tmp_path / "report")
+    assert res.exit_code == 0, res.output
+    curves = sorted(p.name for p in (tmp_path / "report").glob("curves-*.png"))
+    assert len(curves) == 2 and all(re.fullmatch(r"curves-wine-[0-9a-f]{6}-natural-6\.png", c) for c in curves), curves
+    runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
+    assert len(runs) == 2 and runs["selected_acc"].notna().all()
+    res = invoke("report", tmp_path / "runs" / "north", "--out", tmp_path / "one")  # alone, the stem is enough
+    assert res.exit_code == 0 and (tmp_path / "one" / "curves-wine-natural-6.png").exists(), res.output
+
+
+def test_config_yaml_records_the_normalization_applied(tmp_path):
+    features = write_clients(tmp_path / "features.parquet")
+    images = tmp_path / "images.npz"
+    np.savez(images, x=np.random.default_rng(0).integers(0, 256, (90, 1, 16, 16), dtype=np.uint8), y=np.arange(90) % 3)
+    assert RunConfig(dataset=str(features)).resolved().normalize == "none"  # features are used as loaded
+    assert RunConfig(dataset=str(images)).resolved().normalize == "half"  # bytes of images: PFLlib's default
+    assert RunConfig(dataset="har").resolved().normalize == "none" and RunConfig(dataset="digits").resolved().normalize == "half"
 
 
 def test_pfllibs_generated_folders_are_read_as_their_clients(tmp_path):

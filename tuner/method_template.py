@@ -19,7 +19,7 @@ Prediction: <which model a client predicts with>.
     tuner sweep ./{file}:{cls} --space {name}.yaml
     tuner report results/runs results/sweeps --out results/report
 
-The contract: docs/methods.md, "Add your method". States are flat dicts of tensors
+The contract: docs/own_code.md, "Add your method in one file". States are flat dicts of tensors
 ("body.0.weight", "head.weight", plus what the method adds); hooks are pure functions of them
 (no branching on tensor values, no in-place changes to inputs), so both executors run them.
 """
