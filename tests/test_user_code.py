@@ -347,3 +347,18 @@ def test_reproduce_runs_a_users_method_in_every_setting_of_a_table(fednew, monke
     settings = lambda cells: [{k: v for k, v in c.items() if k != "method"} for c in cells]  # noqa: E731
     assert {c["method"] for c in mine} == {fednew}
     assert sorted(map(str, settings(mine))) == sorted(set(map(str, settings(table))))  # each of the table's settings, once
+
+
+def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_path, monkeypatch):
+    """docs/own_code.md's worked example: make_sites.py's file, read through a space with no method."""
+    import runpy
+
+    from tuner.space import load_space
+
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(ROOT / "examples" / "make_sites.py"))
+    for method in ("fedavg", "fedper"):
+        cfg = load_space(ROOT / "examples" / "sites.yaml", method).base_config()
+        assert (cfg.method, cfg.dataset, cfg.clients, cfg.normalize, cfg.val_frac) == (method, str(tmp_path / "sites.parquet"), 6, "none", 0.1)
+    data = build_simulation(replace(cfg, rounds=1)).data
+    assert [int((c > 0).sum()) for c in data.label_counts()] == [2] * 6  # each site sees two of the four classes
