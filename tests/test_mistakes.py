@@ -72,6 +72,7 @@ MISTAKES = [
     ("report: a folder that is not there", ["report", "{w}/nothing"], 2, "does not exist"),
     ("report: a folder without runs", ["report", "{w}/empty-folder"], 2, "No readable runs"),
     ("report: only damaged runs", ["report", "{w}/damaged-run"], 2, "1 unreadable"),
+    ("report: --out inside a file", ["report", "{w}/done", "--out", "{w}/a-file/report"], 2, "a folder on that path does not exist or is not a folder: fix the path"),
     ("report: an unknown selection", ["report", "{w}/empty-folder", "--select", "best"], 2, "--select must be test or val"),
     ("reproduce: an unknown table", ["reproduce", "gpfl-table99"], 2, "Unknown table 'gpfl-table99'"),
     ("reproduce: no seed", ["reproduce", "gpfl-table1", "--seeds", "0"], 2, "--seeds must be at least 1"),
