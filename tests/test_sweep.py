@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.run import score
-from tuner.sweep import Patience, RoundBudget, asha, selection
+from tuner.sweep import Patience, RoundBudget, _score, asha, selection
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
@@ -171,6 +171,8 @@ def test_stopping_rules():
     assert selection(rows, "val") == {**figures, "selected_acc": 0.5, "best_round": 1, "score": 0.7 - 1e-12}
     tied = rows + [{"round": 4, "acc": 0.9, "val_acc": 0.7}]  # the same validation accuracy later: the earlier round stands
     assert selection(tied, "val")["best_round"] == 1 and score(0.7, 1) > score(0.7, 4) > score(0.699999, 1)
+    old = {"best_val_acc": 0.7, "best_acc": 0.8, "best_round": 3}  # a trial's result from before scores were reported
+    assert _score(old, "val") == score(0.7, 3) and _score(old, "test") == score(0.8, 3) and _score({**old, "score": 0.5}, "val") == 0.5
 
 
 def _sweep_cmd(space, storage, *extra):

@@ -34,7 +34,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.config import TRIAL_RETRIES, apply_settings, trial_config, user_path
-from tuner.run import FIGURES, SCORE, selection
+from tuner.run import FIGURES, SCORE, score, selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
 from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
 from tuner.report import tune_failure
@@ -148,26 +148,28 @@ def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | No
 class SweepProgress(Callback):
     """Trials running, done, stopped early and failed, and the best so far, on one line (instead of Ray's tables)."""
 
-    def __init__(self, total: int, rounds: int, select: str, stage: Path):
-        self.total, self.rounds, self.select, self.stage = total, rounds, select, str(stage)
+    def __init__(self, total: int, rounds: int, select: str):
+        self.total, self.rounds, self.select = total, rounds, select
         self._reset()
 
     def _reset(self):
         self.progress = None
         self.running: set[str] = set()
-        self.counts = finished_trials.setdefault(self.stage, {"early": 0, "failed": 0, "done": 0})
-        self.counts.update(early=0, failed=0, done=0)
+        self.counts = {"early": 0, "failed": 0, "done": 0}
         self.restored = False
         self.best = -math.inf
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the live display stays behind
-        return {"total": self.total, "rounds": self.rounds, "select": self.select, "stage": self.stage}
+        return {"total": self.total, "rounds": self.rounds, "select": self.select}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        if "select" not in state:  # saved before the rule had one score: it named its figure
+            self.select = "test" if state.get("metric") == "best_acc" else "val"
         self._reset()
 
     def setup(self, **info):
+        self.counts = stage_counts  # run_stage's, whether Tune made this callback or restored it from the experiment
         self.progress = Progress(
             TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
             TextColumn("running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  "
@@ -232,9 +234,9 @@ class FinalFailures(Callback):
 
 STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
 storage_failures: dict[str, str] = {}  # a reserve file -> why its storage failed; set by StorageWatch, read by run_stage
-# a stage's folder -> its trials done (early-stopped among them) and failed, as SweepProgress counted them: Tune
-# marks a trial stopped by Ctrl-C terminated like a finished one, and a restored experiment has its own callbacks
-finished_trials: dict[str, dict[str, int]] = {}
+# The running stage's trials done (early-stopped among them) and failed, as SweepProgress counts them: Tune marks a
+# trial stopped by Ctrl-C terminated like a finished one, and a restored experiment brings its own callbacks.
+stage_counts: dict[str, int] = {}
 
 
 class StorageWatch(Callback):
@@ -392,7 +394,7 @@ def run_stage(
                                         reuse_actors=True),  # fmt: skip
             run_config=tune.RunConfig(
                 name=stage, storage_path=str(sweep_dir), stop=stopper,
-                callbacks=[SweepProgress(expected or samples, rounds, select, path), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
+                callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
                 verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -401,6 +403,7 @@ def run_stage(
         )
     reserve = sweep_dir / RESERVE_FILE
     storage_failures.pop(str(reserve), None)
+    stage_counts.update(early=0, failed=0, done=0)
     try:
         reason = unwritable_reason(sweep_dir, STORAGE_RESERVE, keep_as=reserve)
         if reason:
@@ -415,8 +418,7 @@ def run_stage(
         reserve.unlink(missing_ok=True)
     if str(reserve) in storage_failures:
         raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
-    counts = finished_trials.pop(str(path))
-    ended = counts["done"] + counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
+    ended = stage_counts["done"] + stage_counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
     spent = sum((r.metrics or {}).get("round", 0) for r in grid)
     unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended  # a spent budget ends trials
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
@@ -480,7 +482,7 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
         samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
-    best = _best(grid)
+    best = _best(grid, space.select)
     if best is None:
         raise UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
     summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
@@ -497,10 +499,18 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
     return summary
 
 
-def _best(grid):
+def _best(grid, select: str):
     """The best trial by the selection rule (its score); of equal scores, the first trial."""
-    results = [r for r in grid if r.metrics and r.metrics.get(SCORE) is not None and not math.isnan(r.metrics[SCORE])]
-    return max(results, key=lambda r: r.metrics[SCORE], default=None)
+    scores = [(_score(r.metrics, select), r) for r in grid if r.metrics]
+    return max(((v, r) for v, r in scores if not math.isnan(v)), key=lambda vr: vr[0], default=(None, None))[1]
+
+
+def _score(metrics: dict, select: str) -> float:
+    """A trial's score; a sweep resumed from before scores were reported is scored from its figures alike."""
+    if SCORE in metrics:
+        return metrics[SCORE]
+    figure, at = metrics.get(FIGURES[select]), metrics.get("best_round")
+    return math.nan if figure is None or at is None or math.isnan(figure) or math.isnan(at) else score(figure, at)
 
 
 def _plain(obj):
