@@ -349,10 +349,14 @@ def _check(deadline: float, fn) -> dict:
         return {"status": "failed", "message": f"{type(e).__name__}: {e}"[:2000], "seconds": round(time.monotonic() - t0, 2)}
 
 
-def tuner_run(args: list[str], campaign: Campaign) -> subprocess.Popen:
+def tuner_run(args: list[str], campaign: Campaign) -> subprocess.Popen | None:
     """A `tuner run` process on the campaign's device (no Ray: what a trial does, without Tune); its output goes to OUT.log.
-    A run folder with a checkpoint (an earlier command's run, stopped by its budget) is resumed."""
+    A run folder with a checkpoint (an earlier command's run, stopped by its budget) is resumed; one that an earlier
+    command finished is not started again (None)."""
     run_dir = Path(args[args.index("--out") + 1])
+    metrics = run_dir / "metrics.parquet"
+    if metrics.exists() and pd.read_parquet(metrics)["round"].max() >= int(args[args.index("--rounds") + 1]):
+        return None
     if (run_dir / "checkpoint.pt").exists():
         args = [args[0], "--resume", "--rounds", args[args.index("--rounds") + 1], "--out", str(run_dir)]
     extra = ["--set", f"device={campaign.device}"] + (["--set", f"data_dir={campaign.data}"] if campaign.data else [])
@@ -368,6 +372,7 @@ def tuner_run(args: list[str], campaign: Campaign) -> subprocess.Popen:
 def wait_all(procs: list[subprocess.Popen], deadline: float) -> bool:
     """Wait for every process until the deadline; past it, stop them as a scheduler would (SIGTERM: rows are kept).
     True when all finished in time; a run that fails raises with the last line of its output."""
+    procs = [p for p in procs if p is not None]  # runs finished by an earlier command
     for p in procs:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -185,15 +185,20 @@ class SweepProgress(Callback):
         self.progress.update(self.task, completed=done, running=len(self.running), early=self.counts["early"], failed=self.counts["failed"], best=best)
 
     def on_step_begin(self, iteration, trials, **info):
-        """A resumed sweep's trials that finished or failed before count as done (its first step, before any ends)."""
-        if not self.restored:
-            self.restored = True
-            for t in trials:
-                if t.status in ("TERMINATED", "ERROR"):
-                    self.counts["failed" if t.status == "ERROR" else "done"] += 1
-                    self.counts["early"] += t.status == "TERMINATED" and (t.last_result or {}).get("round", self.rounds) < self.rounds
-                    self.best = max(self.best, (t.last_result or {}).get(FIGURES[self.select], -math.inf))
-            self._show()
+        self._count_restored(trials)
+
+    def _count_restored(self, trials) -> None:
+        """A resumed sweep's trials that finished or failed before count as done: at its first step, before any
+        trial ends; or at its end, when every trial had ended before and Tune took no step."""
+        if self.restored:
+            return
+        self.restored = True
+        for t in trials:
+            if t.status in ("TERMINATED", "ERROR"):
+                self.counts["failed" if t.status == "ERROR" else "done"] += 1
+                self.counts["early"] += t.status == "TERMINATED" and (t.last_result or {}).get("round", self.rounds) < self.rounds
+                self.best = max(self.best, (t.last_result or {}).get(FIGURES[self.select], -math.inf))
+        self._show()
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.running.add(trial.trial_id)
@@ -221,6 +226,7 @@ class SweepProgress(Callback):
         self._show()
 
     def on_experiment_end(self, trials, **info):
+        self._count_restored(trials)
         self.progress.stop()
 
 
