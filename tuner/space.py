@@ -130,7 +130,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     if clash:
         raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
     fixed, typed_settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings")}), absolute_settings(settings or {})
-    resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])  # refused here, not by a search probe
+    resolved = resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])  # refused here, not by a search probe
     settings = {**fixed, **typed_settings}
     base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
     search_spec = _mapping(data.get("search"), where, "search")
@@ -155,7 +155,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         report_every=_positive(data.get("report_every", 1), named("report_every")),
         stop=_stopping(data.get("stop"), where, named),
     )  # fmt: skip
-    _check(space, base, named)
+    _check(space, resolved.rounds, named)
     if space.select == "val" and base.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
@@ -229,7 +229,7 @@ def _stopping(value: Any, where: str, named) -> Stopping:
     return Stopping(**spec)
 
 
-def _check(space: Space, base: RunConfig, named) -> None:
+def _check(space: Space, rounds: int, named) -> None:
     where = space.source
     if space.sampler != "grid" and space.sampler not in SAMPLERS:
         raise UserError(f"{named('sampler')}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
@@ -238,7 +238,6 @@ def _check(space: Space, base: RunConfig, named) -> None:
         raise UserError(f"{where}: the grid sampler needs every distribution to be a grid, but search.{other} is not.")
     if space.select not in SELECTS:
         raise UserError(f"{named('select')} must be test or val, not {space.select!r}.")
-    rounds = base.resolved().rounds
     if space.stop.grace is not None and space.stop.grace > rounds:
         raise UserError(f"{named('grace')} ({space.stop.grace}) exceeds the run's {rounds} rounds.")
     if space.sampler == "grid":
