@@ -1,13 +1,13 @@
 """pFL methods, one module per method; each reads like its paper's algorithm box.
 
 Ablations and variants are the same method with other hyperparameter defaults, registered
-under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, ...).
+under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, `apfl-outputs`, ...).
 The reference code's forms, where it departs from its paper, are small subclasses that override
 only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `fedpac-official`, `fedpac-pfllib`).
 Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
-from algorithms import fedcp, fedem, fedpac, gpfl, hypcluster
+from algorithms import apfl, fedcp, fedem, fedpac, gpfl, hypcluster
 from algorithms.apfl import APFL
 from algorithms.base import SGD, Adam, Method, Net, Passes, Phase, Round, Training, Unsupported, Yogi, variant
 from algorithms.common import weighted_mean
@@ -36,7 +36,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 REFERENCE_FORMS = [FedPHPPfllib, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
-_ALL = [*BASELINES, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
+_ALL = [*BASELINES, *apfl.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

@@ -6,8 +6,19 @@ Local step (Algorithm 1), all three from one minibatch:
 which is one SGD step on f_i(w) + f_i(α v + (1 − α) sg(w)) (sg: w gets no gradient from the mix).
 With adapt_alpha, α_i follows its gradient too, used clipped to [0, 1] and projected there after
 each round (the paper projects every step); by default α_i stays at its tuned value, as in
-FedPAC's comparison (α = 0.25) and the reference implementations' default.
-Upload: w. Server: sample-weighted mean. Prediction: the mixed model v̄.
+FedPAC's comparison (α = 0.25, tuned over {0.25, 0.5, 0.75}, Appendix B.3).
+Upload: w. Server: sample-weighted mean. Prediction: the mixed model.
+
+What is mixed (`mix`):
+- "parameters" (default): the paper's v̄ = α v + (1 − α) w, a model of the backbone's shape.
+- "outputs" (`apfl-outputs`): the authors' code mixes the two models' logits instead,
+  α f(x; v) + (1 − α) f(x; w), in training (w detached) and in prediction (MLOPTPSU/FedTorch,
+  comms/utils/eval.py inference_personal; FL-bench's APFL does the same). FedPAC's Table 1 row runs
+  this form (tuner/papers.py): FedPAC tunes a fixed α as FedTorch's non-adaptive mode takes it,
+  and this form is the one nearer its published number on our split (docs/reproduction.md,
+  "The last deviations, measured").
+Differences from FedTorch: its personal step follows the global step on the same batch (w already moved) and its adaptive α steps once a round on a surrogate gradient; here both models step
+together from the batch's starting w, and α (when adapted) follows its exact gradient every step.
 """
 
 from dataclasses import dataclass
@@ -15,16 +26,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method, Passes, Unsupported, variant
 
 GLOBAL = "global."
 ALPHA = "apfl.alpha"
+MIXES = ("parameters", "outputs")
 
 
 @dataclass
 class APFLHparams:
     alpha: float = 0.25  # α_i, the local model's share (FedPAC's tuned value)
     adapt_alpha: bool = False  # learn α_i by gradient (the paper's adaptive APFL); else keep it fixed
+    mix: str = "parameters"  # what α mixes: the models' parameters (the paper) or their logits (the authors' code)
+
+    def __post_init__(self):
+        if self.mix not in MIXES:
+            raise Unsupported(f"APFL's mix must be one of {', '.join(MIXES)}, not '{self.mix}'.")
 
 
 class APFL(Method):
@@ -41,17 +58,24 @@ class APFL(Method):
     def phases(self):
         return [self.sgd((GLOBAL, "body.", "head.", *([ALPHA] if self.hp.adapt_alpha else [])))]
 
-    def mixed(self, state, detach_global: bool):
+    def personal_logits(self, state, x, detach_global: bool):
         a = state[ALPHA].clamp(0.0, 1.0)
         w = lambda k: state[GLOBAL + k].detach() if detach_global else state[GLOBAL + k]  # noqa: E731
-        return {**state, **{k: a * state[k] + (1 - a) * w(k) for k in self.net.param_keys}}
+        if self.hp.mix == "outputs":
+            global_logits = self.net.logits(state, x, GLOBAL)
+            return a * self.net.logits(state, x) + (1 - a) * (global_logits.detach() if detach_global else global_logits)
+        return self.net.logits({**state, **{k: a * state[k] + (1 - a) * w(k) for k in self.net.param_keys}}, x)  # v̄
 
     def loss(self, state, server, x, y):
         global_loss = F.cross_entropy(self.net.logits(state, x, GLOBAL), y)
-        return global_loss + F.cross_entropy(self.net.logits(self.mixed(state, True), x), y)
+        return global_loss + F.cross_entropy(self.personal_logits(state, x, True), y)
 
     def end_local(self, client, server, stats, at):
         return {ALPHA: client[ALPHA].clamp(0.0, 1.0)}
 
     def logits(self, state, server, x):
-        return self.net.logits(self.mixed(state, False), x)
+        return self.personal_logits(state, x, False)
+
+
+# The authors' form, as FedPAC's Table 1 runs it.
+VARIANTS = [variant(APFL, "APFL-outputs", mix="outputs")]

@@ -2,9 +2,11 @@
 model pulled towards it.
 
 Shared: the global model w ("global.body.", "global.head."). Personal: v_i ("body.", "head.").
-Local round (Algorithm 1): the local epochs of w on cross-entropy (FedAvg's update), then
-`personal_epochs` of v_i on F_i(v_i) + λ/2 ‖v_i − w^t‖² (eq. 2), w^t the global model received
-this round.
+Local round (Algorithm 1): the local epochs of w on cross-entropy (FedAvg's update), then as
+many epochs of v_i on F_i(v_i) + λ/2 ‖v_i − w^t‖² (eq. 2), w^t the global model received this
+round. The original (litian96/ditto, trainers_MTL/ditto.py) takes one step of each model per
+minibatch for the same `local_iters`; v_i's steps read only w^t, so running them after w's is
+the same update. `personal_epochs` sets v_i's epochs apart (PFLlib's -pls, default 1).
 Upload: w. Server: sample-weighted mean. Prediction: v_i.
 """
 
@@ -21,7 +23,7 @@ GLOBAL = "global."
 @dataclass
 class DittoHparams:
     lam: float = 1.0  # λ, pull of the personal model to the global one (FedPAC's tuned value)
-    personal_epochs: int = 1  # epochs of v_i per round
+    personal_epochs: int | None = None  # epochs of v_i per round; None: the run's local epochs, as w's
 
 
 class Ditto(Method):

@@ -9,7 +9,10 @@ starting components and π ("em.estep.", not trained), which gives the E-step's 
 storing one row per training sample.
 Upload: the components. Server: sample-weighted mean of each component.
 Prediction: p(y | x) = Σ_m π_im p_m(y | x).
-FedEM-FT fine-tunes the components locally before evaluation, as FedPAC's Table 1 runs it.
+FedEM-FT fine-tunes the components locally before evaluation (FedPAC's Table 4), each on the
+responsibility-weighted loss of the M-step, for as many epochs as the run's local training: the
+authors' Client.update_tuned_learners (omarfoq/FedEM, client.py) fits each tuned learner for
+`local_steps` epochs weighted by its samples' responsibilities.
 """
 
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 @dataclass
 class FedEMHparams:
     m: int = 3  # number of components
-    ft_epochs: int = 0  # fine-tuning epochs of the components before evaluation (FedEM-FT)
+    ft_epochs: int | None = 0  # fine-tuning epochs of the components before evaluation: 0 none (FedEM), None the run's local epochs (FedEM-FT)
 
 
 class FedEM(Method):
@@ -82,13 +85,13 @@ class FedEM(Method):
         return torch.logsumexp(torch.log(state[PI].clamp(min=1e-12))[:, None, None] + self.component_log_probs(state, x), 0)
 
     def eval_phases(self):
-        return [self.sgd((MODELS,), self.hp.ft_epochs)] if self.hp.ft_epochs else []
+        return [] if self.hp.ft_epochs == 0 else [self.sgd((MODELS,), self.hp.ft_epochs)]
 
 
 # FedPAC's Table 1
 VARIANTS = [
     variant(FedEM, "FedEM-M3", m=3),
     variant(FedEM, "FedEM-M5", m=5),
-    variant(FedEM, "FedEM-FT-M3", m=3, ft_epochs=1),
-    variant(FedEM, "FedEM-FT-M5", m=5, ft_epochs=1),
+    variant(FedEM, "FedEM-FT-M3", m=3, ft_epochs=None),
+    variant(FedEM, "FedEM-FT-M5", m=5, ft_epochs=None),
 ]

@@ -12,8 +12,10 @@ Prediction: w after one step of size α on one training batch (the personalised 
 As PFLlib (clientperavg/serverperavg, which produced the GPFL and FedCP tables, the only
 tables with Per-FedAvg): α is the run's lr and β equals it unless set; each step draws 2B
 samples (the last partial draw dropped); the server calls each client's training twice a
-round, so a round runs 2 × local_epochs epochs. Differences: PFLlib personalises with one step
-on a batch of the client's *test* data before evaluating; here the step uses training data.
+round, so a round runs 2 × local_epochs epochs; before evaluating, PFLlib personalises with one
+step on a batch of the client's training data (clientperavg.train_one_step), as here. Until
+3 February 2023 (PFLlib f8e3a80) that step used a batch of the client's *test* data, so runs
+made before then (FedCP's tables, perhaps) read test labels; this module never does.
 """
 
 from dataclasses import dataclass

@@ -1,8 +1,10 @@
 """pFedHN (Shamsian, Navon, Fetaya & Chechik, ICML 2021): a hypernetwork on the server generates
 each client's model.
 
-Server: the hypernetwork φ ("hn."): a client embedding v_i, an MLP of `layers` hidden layers of
-width `hidden`, and one linear head per backbone tensor; and its optimizer's momentum.
+Server: the hypernetwork φ ("hn."): a client embedding v_i, an MLP of width `hidden` (a linear
+layer from the embedding, then `layers` times ReLU and a linear layer, no ReLU after the last: the
+reference CNNHyper with n_hidden = 3, four linear layers), and one linear head per backbone
+tensor; and its optimizer's momentum.
 Receiving: θ_i = h(v_i; φ) (BatchNorm statistics stay the client's own).
 The round's clients train one after another (`serial`, Algorithm 1): each receives θ_i from φ
 as the previous client's step left it.
@@ -36,15 +38,15 @@ MAX_HEAD_WEIGHTS = 200_000_000  # 0.8 GB of heads, three times that with momentu
 class PFedHNHparams:
     hn_lr: float = 0.01  # the hypernetwork's step (FedPAC's tuned value)
     hidden: int = 100  # width of the hypernetwork's hidden layers (the paper's)
-    layers: int = 3  # hidden layers (the paper's)
+    layers: int = 3  # hidden-to-hidden layers after the first (the reference's n_hidden)
 
 
 class Hypernetwork(nn.Module):
     def __init__(self, clients: int, shapes: dict[str, torch.Size], hidden: int, layers: int):
         super().__init__()
         self.embed = nn.Embedding(clients, 1 + clients // 4)  # the paper's embedding size
-        blocks = [nn.Linear(1 + clients // 4, hidden)] + [nn.Linear(hidden, hidden) for _ in range(layers - 1)]
-        self.mlp = nn.Sequential(*[m for b in blocks for m in (b, nn.ReLU())])
+        hidden_layers = [m for _ in range(layers) for m in (nn.ReLU(), nn.Linear(hidden, hidden))]
+        self.mlp = nn.Sequential(nn.Linear(1 + clients // 4, hidden), *hidden_layers)  # CNNHyper's mlp: no final ReLU
         self.heads = nn.ModuleDict({k.replace(".", "_"): nn.Linear(hidden, s.numel()) for k, s in shapes.items()})
         self.shapes = shapes
 

@@ -1,8 +1,12 @@
 """pFedMe (T. Dinh, Tran & Nguyen, NeurIPS 2020): personalised models as Moreau envelopes.
 
 Shared: the local copy w_i of the global model ("body.", "head."). Personal: θ_i ("me.").
+Before local training: θ_i ← the received global model (all three references: the authors'
+CharlieDinh/pFedMe userpFedMe.set_parameters, PFLlib clientpFedMe.set_parameters, FL-bench),
+so last round's θ_i predicts until the client trains again.
 Local step (Algorithm 1) on each minibatch: θ_i ← the approximate minimiser of
-f_i(θ; D) + λ/2 ‖θ − w_i‖² after K gradient steps of size `personal_lr` from the current θ_i (eq. 7);
+f_i(θ; D) + λ/2 ‖θ − w_i‖² after K gradient steps of size `personal_lr` from the current θ_i (eq. 7;
+within a round θ_i carries over from batch to batch);
 then w_i ← w_i − η λ (w_i − θ_i) (eq. 8).
 Both updates are one SGD step of size η on λ/2 ‖w − sg(θ*)‖² + ‖θ − sg(θ*)‖² / (2η): its
 gradient moves w by η λ (w − θ*) and sets θ to θ* exactly (no momentum or weight decay here).
@@ -15,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch.nn.functional as F
 from torch.func import grad
 
-from algorithms.base import SGD, Method
+from algorithms.base import SGD, Method, Passes
 
 PERSONAL = "me."
 
@@ -32,9 +36,13 @@ class PFedMe(Method):
     name = "pfedme"
     title = "pFedMe"
     Hparams = PFedMeHparams
+    passes = Passes(begin_local=True)  # θ_i starts from the received model
 
     def init_client(self, model):
         return {**super().init_client(model), **self.net.copy(model, PERSONAL)}
+
+    def begin_local(self, client, server, stats, at):
+        return {PERSONAL + k: client[k].clone() for k in self.net.param_keys}
 
     def phases(self):
         phase = self.sgd(("body.", "head.", PERSONAL))

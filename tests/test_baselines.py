@@ -105,6 +105,18 @@ def distance_to_global(sim):
     return sum(((sim.clients[k] - sim.server["global." + k]) ** 2).sum() for k in keys).item()
 
 
+def test_ditto_trains_the_personal_model_as_many_epochs_as_the_global_one_unless_told():
+    assert [p.epochs for p in sim_for("ditto", local_epochs=3).method.phases()] == [3, 3]  # litian96/ditto: the same local_iters
+    assert [p.epochs for p in sim_for("ditto", local_epochs=3, hparams={"personal_epochs": 1}).method.phases()] == [3, 1]
+
+
+def test_fine_tuning_baselines_tune_for_the_runs_local_epochs_as_fedpacs_and_fedems_code():
+    for method in ("fedavg_ft", "fedem-ft-m3", "fedem-ft-m5"):
+        assert [p.epochs for p in sim_for(method, local_epochs=5).method.eval_phases()] == [5], method
+    assert sim_for("fedem-m3", local_epochs=5).method.eval_phases() == []
+    assert [p.epochs for p in sim_for("fedavg_ft", local_epochs=5, hparams={"ft_epochs": 2}).method.eval_phases()] == [2]
+
+
 def test_ditto_pulls_the_personal_model_to_the_global_one_by_lambda():
     loose = sim_for("ditto", 2, hparams={"lam": 0.0}, eval_gap=99)
     tight = sim_for("ditto", 2, hparams={"lam": 10.0}, eval_gap=99)
@@ -123,6 +135,21 @@ def test_apfl_keeps_or_learns_alpha_within_0_1_and_predicts_with_the_mixture():
     torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits(state, x, "global."))
     state["apfl.alpha"] = torch.tensor(1.0)
     torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits(state, x))
+
+
+def test_apfl_outputs_form_mixes_the_two_models_logits_and_the_global_model_learns_only_from_its_own_loss():
+    sim = sim_for("apfl-outputs", 1, eval_gap=99)
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0)
+    local, global_ = m.net.logits(state, x), m.net.logits(state, x, "global.")
+    torch.testing.assert_close(m.logits(state, sim.server, x), 0.25 * local + 0.75 * global_)  # FedTorch's inference_personal
+    parameters = sim_for("apfl", 1, eval_gap=99).method
+    assert not torch.allclose(parameters.logits(state, sim.server, x), m.logits(state, sim.server, x), atol=1e-3)  # the paper's v̄ differs
+    keys = [k for k in state if k.startswith("global.") and not m.net.is_buffer(k)]
+    g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))({k: state[k] for k in keys})
+    own = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x, "global."), y))({k: state[k] for k in keys})
+    for k in keys:
+        torch.testing.assert_close(g[k], own[k])  # the mix is detached from w
 
 
 def test_fedrod_balanced_softmax_uses_the_clients_label_distribution_and_the_personal_head_adds_on():
@@ -221,6 +248,14 @@ def test_pfedme_solves_the_envelope_and_moves_w_towards_theta():
     for k in keys:
         torch.testing.assert_close(g[k], m.hp.lam * (state[k] - theta[k]))  # eq. 8
         torch.testing.assert_close(state["me." + k] - m.training.lr * g["me." + k], theta[k])  # θ lands on θ*
+
+
+def test_pfedme_theta_starts_each_round_from_the_received_model():
+    sim = sim_for("pfedme", 1, hparams={"personal_lr": 0.0})  # θ* is then θ's start, and θ lands on it
+    received = {k: sim.server[k].clone() for k in sim.method.net.param_keys}
+    sim.step()
+    for k, w in received.items():  # every client trained: its θ is the model it received, not last round's θ
+        torch.testing.assert_close(sim.clients["me." + k], w.expand_as(sim.clients["me." + k]))
 
 
 def test_hypcluster_clients_take_the_model_of_lowest_loss_and_clusters_average_their_choosers():
@@ -373,6 +408,13 @@ def test_pfedhn_server_step_moves_the_generated_model_towards_the_trained_one():
     assert all(k.startswith(("hn.", "hn_momentum.")) for k in server)  # no model weights on the server, only φ
 
 
+def test_pfedhn_hypernetwork_is_the_reference_cnnhyper_four_linear_layers_and_no_final_relu():
+    from torch import nn
+
+    mlp = sim_for("pfedhn").method.hypernetwork.mlp
+    assert [type(m) for m in mlp] == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]  # n_hidden = 3
+
+
 def test_pfedhn_steps_after_each_client_in_order_with_the_gradient_clipped_at_50(monkeypatch):
     sim = sim_for("pfedhn", 0, join_ratio="1", executor="sequential")  # one client per map: plain indices to record
     m = sim.method
@@ -439,6 +481,47 @@ def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_mo
     assert m.logits(state, None, x).exp().max() < 0.9  # λ = 1: the kNN vote alone, not one-hot over 10 distinct labels
     m.hp.lam = 0.6  # FedPAC's grid: 0.5 … 0.8
     assert m.logits(state, None, x).argmax(1).item() == 35  # the model's logits change the prediction
+
+
+def test_knn_per_chooses_lambda_on_the_grid_by_leave_one_out_accuracy_on_its_own_datastore():
+    from torch import nn
+
+    from algorithms.base import Net, Training
+    from algorithms.knnper import LAMBDA_GRID, KNNPer, KNNPerHparams
+    from tuner.models import Backbone
+
+    d, classes, n = 8, 4, 40
+    m = KNNPer(Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)), Training(0.1, 1, 10, classes, clients=1), KNNPerHparams())
+    assert m.hp.k == 7 and m.hp.lam is None
+    g = torch.Generator().manual_seed(1)
+    labels = torch.arange(n) % classes
+    keys = 3 * F.one_hot(labels, d).double() + torch.randn(n, d, generator=g, dtype=torch.float64)  # neighbours know the label
+    head = {"head.weight": torch.randn(classes, d, generator=g, dtype=torch.float64), "head.bias": torch.zeros(classes, dtype=torch.float64)}
+    state = {**head, "knn.keys": keys, "knn.labels": labels, "knn.mask": torch.ones(n, dtype=torch.float64)}
+
+    def loo_accuracy(lam):  # each sample predicted by the model and its 7 nearest other samples
+        right = 0
+        for i in range(n):
+            others = torch.cat([torch.arange(i), torch.arange(i + 1, n)])
+            d2 = ((keys[others] - keys[i]) ** 2).sum(1)
+            near = d2.topk(7, largest=False)
+            w = torch.exp(-near.values / d) / torch.exp(-near.values / d).sum()
+            knn = torch.zeros(classes, dtype=torch.float64).index_add_(0, labels[others][near.indices], w)
+            model = F.softmax(keys[i] @ head["head.weight"].T, -1)
+            right += int((lam * knn + (1 - lam) * model).argmax() == labels[i])
+        return right
+
+    scores = [loo_accuracy(lam) for lam in LAMBDA_GRID]
+    assert len(set(scores)) > 1  # the choice matters here
+    assert m.chosen_lambda(state).item() == LAMBDA_GRID[scores.index(max(scores))]
+    padded = {**state, "knn.keys": torch.cat([keys, torch.zeros(5, d, dtype=torch.float64)]),
+              "knn.labels": torch.cat([labels, torch.zeros(5, dtype=torch.long)]), "knn.mask": torch.cat([state["knn.mask"], torch.zeros(5, dtype=torch.float64)])}  # fmt: skip
+    assert m.chosen_lambda(padded).item() == m.chosen_lambda(state).item()  # padding is never a neighbour nor counted
+    x = keys[:3] + 0.1
+    m.hp.mix = "logits"  # the original scripts' form: kNN probabilities mixed with the model's logits
+    lam = m.chosen_lambda(state)
+    knn = m.knn(x, state, 0 * keys[:, 0][None])
+    torch.testing.assert_close(m.logits(state, None, x), lam * knn + (1 - lam) * (x @ head["head.weight"].T))
 
 
 def trajectory(method):

@@ -64,10 +64,14 @@ RULES = [
     Rule({"lam": 1.0}, "FedCP Appendix D: λ = 1 for ResNet-18 and fastText (5 for the CNN)", method=("fedcp",), backbone=("resnet18", "fasttext")),
     # --- baselines by protocol. Module defaults are FedPAC Appendix B's tuned values (pFedMe λ = 10, K = 5;
     # Ditto λ = 1; APFL α = 0.25; FedFomo M = 5; pFedHN step 0.01) or the method's reference code where
-    # FedPAC states none (FedBABU's 10 fine-tuning epochs, FedAMP's α_K = σ = λ = 1: PFLlib's defaults).
-    # GPFL and FedCP state no baseline hyperparameter; their tables ran PFLlib, whose defaults
-    # (main.py) agree with the modules' except pFedMe's λ. FedProx's μ = 0.01 has no source (PFLlib's
-    # default μ = 0 is FedAvg).
+    # FedPAC states none (FedBABU's 10 fine-tuning epochs, FedAMP's α_K = σ = λ = 1: PFLlib's defaults;
+    # FedPHP's μ = 0.9: its authors' code). GPFL and FedCP state no baseline hyperparameter and
+    # their tables ran PFLlib, but its defaults (main.py) are not ours, and for most they would make the
+    # method another one: Ditto -mu 0 (no pull to the global model) with -pls 1 personal epoch; APFL
+    # -al 1.0 (the local model alone, then adapted); FedPHP -mu 0 (no inheritance) with -lam 1.0 (MMD
+    # only, no cross-entropy). Their runs must have passed other values, which are not published; the
+    # modules' values stand for them. pFedMe's PFLlib default λ = 1 is a working value and is kept
+    # below. FedProx's μ = 0.01 has no source (PFLlib's default μ = 0 is FedAvg).
     Rule({"lam": 1.0}, "PFLlib's default λ = 1 for pFedMe (main.py -lam; GPFL and FedCP state none)", protocol="pfllib", method=("pfedme",)),
 ]
 # What the table sets for the run; every other name a rule sets is a method hyperparameter.

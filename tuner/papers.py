@@ -57,8 +57,18 @@ TABLES = {
     "fedpac-table2": Table("FedPAC", "Table2-ablation", "final", "§5 Ablation: the average test accuracy on 20 clients, under Table 1's protocol"),
     "fedpac-replication": Table("FedPAC-replication", "Table1", "final", "Table 1 caption: the comparison of final test accuracy"),
 }  # fmt: skip
-# The replication report labels its own run of FedPAC apart from the published row it reruns.
-RELABELLED = {"FedPAC-replication": ("FedPAC", "FedPAC-replicated")}  # paper: (method title, its label there)
+# Where a paper's row was produced by another form than the method's default, or is labelled
+# otherwise: paper -> {method title: the label of the row it stands for}. Every other title is its
+# own label; a default form displaced by another keeps a row of its own beside the published one.
+RELABELLED = {
+    # GPFL and FedCP ran their baselines in PFLlib, whose FedPHP is its own form (algorithms/fedphp.py).
+    "GPFL": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
+    "FedCP": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
+    # FedPAC's APFL: the authors' output mixing with a fixed α (algorithms/apfl.py).
+    "FedPAC": {"APFL-outputs": "APFL", "APFL": "APFL (paper's form)"},
+    # The replication report labels its own run of FedPAC apart from the published row it reruns.
+    "FedPAC-replication": {"FedPAC": "FedPAC-replicated"},
+}
 
 DATASET_LABELS = {
     "fmnist": "FMNIST", "mnist": "MNIST", "emnist": "EMNIST", "cifar10": "Cifar10", "cifar100": "Cifar100",
@@ -85,18 +95,16 @@ def home_protocol(family: str) -> str:
 
 
 def method_of(paper: str, label: str) -> str | None:
-    """The method a row label of `paper` stands for; None where none is implemented."""
+    """The method a row label of `paper` stands for (the form that produced it); None where none is implemented."""
     from algorithms import METHODS
 
-    title, relabelled = RELABELLED.get(paper, (None, None))
-    label = title if label == relabelled else label
-    return next((name for name, cls in METHODS.items() if cls.title == label), None)
+    relabelled = (name for name, cls in METHODS.items() if label_in(paper, cls.title) == label)
+    return next(relabelled, None) or next((name for name, cls in METHODS.items() if cls.title == label), None)
 
 
 def label_in(paper: str, title: str) -> str:
     """How `paper`'s tables label the method titled `title`."""
-    original, relabelled = RELABELLED.get(paper, (None, None))
-    return relabelled if title == original else title
+    return RELABELLED.get(paper, {}).get(title, title)
 
 
 def load_tables(path: Path = PUBLISHED) -> pd.DataFrame:
