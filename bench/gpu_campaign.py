@@ -22,10 +22,14 @@ printed as one line, so a stop loses nothing and later commands add to what earl
                 how much of the wall time the device was busy;
 5. sharing      k = 1, 2, 4, 8, 16 runs of GPFL at once on the one device as separate processes
                 (what Ray's fractional GPUs do): total rounds/s against k, and the knee;
-6. real run     GPFL, cnn4, Fashion-MNIST dir:0.1, 20 clients, the paper's 2000 rounds, timed; then
-                FedPAC Table 1's Fashion-MNIST pac:20 cells at the paper's 200 rounds, as many at
-                once as the knee. Runs land in OUT/runs/ for `tuner report`; a run stopped by the
-                budget keeps its rows and checkpoint, and the next command's real run resumes it.
+6. real run     the papers' Fashion-MNIST columns (--columns, in that order): every method of FedPAC
+                Table 1's pac:20 columns (20 clients; 100 clients at ρ = 0.3) at its 200 rounds, and of
+                GPFL Table 1's (dir:0.1, pat:2; 20 clients, 2000 rounds, no early stop: GPFL §4.1
+                runs 2000 iterations), as many at once as the knee. FedCP's Table 2 has no
+                Fashion-MNIST column (its MNIST ones need full MNIST). Runs land in
+                OUT/runs/COLUMN/METHOD for `tuner report`; a run stopped by the budget keeps its rows
+                and last checkpoint (every 5 rounds, 10 for 2000-round runs), and the next command's
+                real run resumes it; a finished run is never started again.
 
 `--smoke` (with `--device cpu`) runs every stage in miniature (one method per family, digits,
 two rounds) in seconds: the test suite runs it so the campaign cannot rot.
@@ -56,6 +60,7 @@ sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 from algorithms import METHODS  # noqa: E402
 from bench.engine_speed import measure, table1  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
+from tuner import papers  # noqa: E402
 from tuner.reproduce import cells  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
 
@@ -65,6 +70,13 @@ PACKAGES = ["torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "cvxp
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
 SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac", "pfedme", "pfedhn", "fedem"]  # the targets: Table 1 settings; the last three ≤ 3× FedAvg
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
+# The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every)
+COLUMNS = {
+    "fedpac-20": ("fedpac-table1", "pac:20", 20, 5),
+    "gpfl-dir": ("gpfl-table1", "dir:0.1", 20, 10),
+    "gpfl-pat": ("gpfl-table1", "pat:2", 20, 10),
+    "fedpac-100": ("fedpac-table1", "pac:20", 100, 5),
+}
 
 
 class Campaign:
@@ -276,35 +288,47 @@ class Campaign:
 
     # --- 6
     def real_run(self, deadline: float) -> dict:
+        """The papers' Fashion-MNIST columns (--columns) at their length, `knee` runs at once; an unfinished run resumes next command."""
         runs = self.out / "runs"
-        if self.args.smoke:
-            gpfl = ["gpfl", "--dataset", "digits", "--partition", "dir:0.3", "--clients", "4", "--rounds", "2"]
-            table = [dict(method="fedpac", partition="dir:0.3", clients=4)]
-            cell_args = lambda c: [c["method"], "--dataset", "digits", "--partition", c["partition"], "--clients", str(c["clients"]), "--rounds", "2"]  # noqa: E731
-        else:
-            gpfl = ["gpfl", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20", "--rounds", "2000", "--set", "checkpoint_every=50"]
-            table = [c for c in cells("fedpac-table1", ["fmnist"], data_dir=self.data)[0] if c["partition"] == "pac:20"]
-            cell_args = lambda c: [c["method"], "--dataset", "fmnist", "--partition", c["partition"], "--clients", str(c["clients"]),  # noqa: E731
-                                   "--rounds", "200", "--set", "protocol=fedpac", "--set", "checkpoint_every=20"]  # fmt: skip
+        todo = []  # (column, method, tuner run arguments, rounds)
+        for column in self.args.columns.split(","):
+            if column not in COLUMNS:
+                raise SystemExit(f"Unknown column {column!r}; choose from {', '.join(COLUMNS)}.")
+            table, partition, clients, checkpoint_every = COLUMNS[column]
+            paper = papers.TABLES[table].paper
+            rounds = 2 if self.args.smoke else papers.PAPERS[paper].rounds
+            if self.args.smoke:  # a miniature of the column: two of its table's methods, digits, four clients, two rounds
+                published = papers.load_tables().query("paper == @paper and table == @papers.TABLES[@table].name")["method"].unique()[:2]
+                column_cells = [dict(method=papers.method_of(paper, label), dataset="digits", partition="dir:0.3", clients=4, join_ratio="1",
+                                     backbone="mlp", protocol=papers.PAPERS[paper].protocol) for label in published]  # fmt: skip
+            else:
+                column_cells = [c for c in cells(table, ["fmnist"], data_dir=self.data)[0] if c["partition"] == partition and c["clients"] == clients]
+            for c in column_cells:
+                args = [c["method"], "--dataset", c["dataset"], "--partition", c["partition"], "--clients", str(c["clients"]),
+                        "--rounds", str(rounds), "--set", f"protocol={c['protocol']}", "--set", f"join_ratio={c['join_ratio']}",
+                        "--set", f"backbone={c['backbone']}", "--set", f"checkpoint_every={checkpoint_every}"]  # fmt: skip
+                todo.append((column, c["method"], args, rounds))
         out: dict = {}
-        t0 = time.monotonic()
-        gpfl_dir = runs / "dir-gpfl"
-        finished = wait_all([tuner_run([*gpfl, "--out", str(gpfl_dir)], self)], t0 + 0.6 * (deadline - t0))
-        out["gpfl"] = run_figures(gpfl_dir, finished, time.monotonic() - t0)
-        pending = list(table)
-        done = []
+        pending = [t for t in todo if not finished(runs / t[0] / t[1], t[3])]
+        for column, method, _, rounds in todo:
+            if (column, method) not in {(t[0], t[1]) for t in pending}:
+                out[f"{column}/{method}"] = run_figures(runs / column / method, True, 0.0)
         while pending and time.monotonic() < deadline:
             batch, pending = pending[: self.knee], pending[self.knee :]
             t1 = time.monotonic()
-            dirs = [runs / f"pac-{c['method']}" for c in batch]
-            finished = wait_all([tuner_run([*cell_args(c), "--out", str(d)], self) for c, d in zip(batch, dirs)], deadline)
-            for c, d in zip(batch, dirs):
-                out[f"pac-{c['method']}"] = run_figures(d, finished, time.monotonic() - t1)
-            done += [c["method"] for c in batch]
-        g = out["gpfl"]
-        line = f"GPFL {g['rounds']} rounds in {g['seconds']:.0f} s ({g['s_per_round']:.3g} s/round, best {g['best_acc']:.4f})"
-        line += f"; FedPAC Table 1 cells run: {len(done)} of {len(table)}"
+            dirs = [runs / column / method for column, method, _, _ in batch]
+            done = wait_all([tuner_run([*args, "--out", str(d)], self) for (_, _, args, _), d in zip(batch, dirs)], deadline)
+            for (column, method, _, rounds), d in zip(batch, dirs):
+                out[f"{column}/{method}"] = run_figures(d, done or finished(d, rounds), time.monotonic() - t1)
+        complete = sum(v["finished"] for v in out.values())
+        line = f"{complete} of {len(todo)} runs at their paper's length ({', '.join(self.args.columns.split(','))})"
+        line += "; " + ", ".join(f"{k} {v['rounds']} r" for k, v in out.items() if not v["finished"]) if complete < len(todo) else ""
         return {"runs": out, "line": line}
+
+
+def finished(run_dir: Path, rounds: int) -> bool:
+    metrics = run_dir / "metrics.parquet"
+    return metrics.exists() and pd.read_parquet(metrics)["round"].max() >= rounds
 
 
 @contextmanager
@@ -437,6 +461,7 @@ def main() -> None:
     ap.add_argument("--stages", default=",".join(s.replace(" ", "-") for s in STAGES), help="which stages this command runs, comma-separated")
     ap.add_argument("--methods", nargs="+", help="the methods the correctness stage checks (default: all)")
     ap.add_argument("--engine", default="eager", choices=["eager", "compiled"], help="the engine the correctness stage checks on the device")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"the papers' columns the real-run stage runs, in order: {', '.join(COLUMNS)}")
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")

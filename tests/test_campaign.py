@@ -26,7 +26,7 @@ def without_ray_and_optuna(tmp_path: Path) -> dict:
 @pytest.mark.slow
 def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_result(tmp_path):
     out = tmp_path / "campaign"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out), "--columns", "fedpac-20"],
                           env=without_ray_and_optuna(tmp_path), capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = [line.split("]")[0].strip("[") for line in proc.stdout.splitlines() if line.startswith("[")]
@@ -43,9 +43,9 @@ def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_r
     assert figures["fedavg"]["% of ceiling"] > 0
     assert results["profile"]["top"] and results["profile"]["wall_s"] > 0
     assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"} and "MPS: not on this node" in results["sharing"]["line"]
-    gpfl = results["real run"]["runs"]["gpfl"]
-    assert gpfl["finished"] and gpfl["rounds"] == 2
-    assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2  # a run `tuner report` reads
+    runs = results["real run"]["runs"]  # FedPAC Table 1's first two rows, in miniature
+    assert set(runs) == {"fedpac-20/local", "fedpac-20/fedavg"} and all(r["finished"] and r["rounds"] == 2 for r in runs.values())
+    assert len(pd.read_parquet(out / "runs/fedpac-20/local/metrics.parquet")) == 2  # a run `tuner report` reads
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} |" in summary for s in STAGES)
 
@@ -57,18 +57,18 @@ def test_campaign_commands_run_chosen_stages_add_to_earlier_results_and_never_re
     env = without_ray_and_optuna(tmp_path)
     first = subprocess.run([*command, "--stages", "correctness", "--methods", "fedavg"], env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
-    second = subprocess.run([*command, "--stages", "correctness,real-run", "--methods", "fedcp-gumbel", "--engine", "compiled"],
+    second = subprocess.run([*command, "--stages", "correctness,real-run", "--methods", "fedcp-gumbel", "--engine", "compiled", "--columns", "gpfl-dir"],
                             env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert second.returncode == 0, second.stderr[-2000:]
     results = json.loads((out / "campaign.json").read_text())
     assert list(results) == ["correctness", "real run"]
     checks = results["correctness"]["checks"]
     assert checks["executors equal: fedavg"]["status"] == checks["executors equal (compiled): fedcp-gumbel"]["status"] == "passed"
-    third = subprocess.run([*command, "--stages", "real-run"], env=env, capture_output=True, text=True, timeout=600)  # finished runs: not started again
-    assert third.returncode == 0, third.stderr[-2000:]
-    ran = [line for line in (out / "runs/dir-gpfl.log").read_text().splitlines() if "rounds run" in line]
-    assert len(ran) == 1 and json.loads((out / "campaign.json").read_text())["real run"]["runs"]["gpfl"]["finished"]
-    assert len(pd.read_parquet(out / "runs/dir-gpfl/metrics.parquet")) == 2  # no round twice
+    third = subprocess.run([*command, "--stages", "real-run", "--columns", "gpfl-dir"], env=env, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-2000:]  # finished runs: not started again
+    ran = [line for line in (out / "runs/gpfl-dir/fedavg.log").read_text().splitlines() if "rounds run" in line]
+    assert len(ran) == 1 and json.loads((out / "campaign.json").read_text())["real run"]["runs"]["gpfl-dir/fedavg"]["finished"]
+    assert len(pd.read_parquet(out / "runs/gpfl-dir/fedavg/metrics.parquet")) == 2  # no round twice
 
 
 def load_campaign():
@@ -89,7 +89,7 @@ def test_a_failing_check_or_stage_is_recorded_and_the_campaign_goes_on(tmp_path)
     assert campaign._check(0.0, broken) == {"status": "skipped"}  # past its stage's time: not run, said so
 
     args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True, "stages": "speed,environment",
-                             "methods": None, "engine": "eager"})()  # fmt: skip
+                             "methods": None, "engine": "eager", "columns": "fedpac-20"})()  # fmt: skip
     c = campaign.Campaign(args)
     c.stage("speed", lambda deadline: 1 / 0)
     c.stage("environment", c.environment)

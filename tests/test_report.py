@@ -231,11 +231,26 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
     page = (root / "docs" / "reproduction.md").read_text().split("## FedPAC Table 1 at 200 rounds, on an H100")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == len(gpu) == 23
+    published = lambda v: "—" if pd.isna(v) else f"{v:.2f}"  # noqa: E731  (a form the paper did not run has no number)
     for method, rounds, ours, paper, _ in rows:
-        assert (f"{gpu.loc[method, 'ours_mean']:.2f}", gpu.loc[method, "rounds"], f"{gpu.loc[method, 'paper_mean']:.2f}") == (ours, int(rounds), paper)
+        assert (f"{gpu.loc[method, 'ours_mean']:.2f}", gpu.loc[method, "rounds"], published(gpu.loc[method, "paper_mean"])) == (ours, int(rounds), paper)
     readme = (root / "README.md").read_text().split("## Results so far")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in readme.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == 23
     for method, on_cpu, on_gpu, _ in rows:
         assert on_cpu == f"{cpu.loc[method, 'ours_mean']:.2f}" and cpu.loc[method, "rounds"] == 8
         assert on_gpu == f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})"
+
+
+def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_points_within_one():
+    from tuner.report import agreement, agreement_line
+
+    t = pd.DataFrame({"paper": "FedPAC", "table": "Table1", "column": "FMNIST dominant_s20", "method": list("abcde"),
+                      "ours_mean": [90.0, 85.0, 88.0, 70.0, 80.0], "paper_mean": [91.0, 86.5, 86.0, float("nan"), 79.0],
+                      "seeds": [1, 1, 1, 1, 0], "rounds": [200, 200, 150, 200, 0]})  # fmt: skip
+    t["difference"] = t["ours_mean"] - t["paper_mean"]
+    a = agreement(t).iloc[0]  # only a, b, c have both figures (d: no published number; e: not run)
+    assert (a["methods"], a["within_1"], a["rounds_min"], a["rounds_max"]) == (3, 1, 150, 200)
+    assert a["mean_abs_difference"] == pytest.approx((1.0 + 1.5 + 2.0) / 3)
+    assert a["spearman"] == pytest.approx(0.5)  # ranks (3, 1, 2) against (3, 2, 1): 1 − 6·2 / (3·8)
+    assert agreement_line(next(agreement(t).itertuples())) == "FMNIST dominant_s20: 3 methods, Spearman 0.50, mean |Δ| 1.50, 1 within 1 point; runs of 150 to 200 rounds"

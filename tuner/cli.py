@@ -297,7 +297,7 @@ def _print_best(best) -> None:
 
 def _print_tables(tables) -> None:
     """Each paper table, only the columns and methods we ran, beside the published numbers."""
-    from tuner.report import wide_table
+    from tuner.report import agreement, agreement_line, wide_table
 
     if tables.empty:
         return
@@ -312,6 +312,8 @@ def _print_tables(tables) -> None:
         for method, row in frame.iterrows():
             table.add_row(method, *map(escape, row.tolist()))
         console.print(table)
+        for a in agreement(t).itertuples():
+            console.print(f"  agreement, {agreement_line(a)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -246,15 +246,36 @@ def wide_table(t: pd.DataFrame, compact: bool = False) -> pd.DataFrame:
     return frame
 
 
+def agreement(tables: pd.DataFrame) -> pd.DataFrame:
+    """Per paper column, how ours agree with the published figures over the methods that have both: Spearman's rank
+    correlation, mean |Δ| and how many within a point, with the rounds the runs reached (the papers' length or not)."""
+    both = tables[(tables["seeds"] > 0) & tables["paper_mean"].notna()]
+    rows = []
+    for (paper_name, table, column), t in both.groupby(["paper", "table", "column"], sort=False):
+        rank = t["ours_mean"].rank().corr(t["paper_mean"].rank()) if len(t) > 2 else math.nan  # Spearman: Pearson of the ranks
+        rows.append({"paper": paper_name, "table": table, "column": column, "methods": len(t), "spearman": rank,
+                     "mean_abs_difference": float(t["difference"].abs().mean()), "within_1": int((t["difference"].abs() <= 1).sum()),
+                     "rounds_min": int(t["rounds"].min()), "rounds_max": int(t["rounds"].max())})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def agreement_line(a) -> str:
+    rounds = f"{a.rounds_min}" if a.rounds_min == a.rounds_max else f"{a.rounds_min} to {a.rounds_max}"
+    spearman = "" if math.isnan(a.spearman) else f"Spearman {a.spearman:.2f}, "
+    return f"{a.column}: {a.methods} method{'s' if a.methods != 1 else ''}, {spearman}mean |Δ| {a.mean_abs_difference:.2f}, {a.within_1} within 1 point; runs of {rounds} rounds"
+
+
 def render(tables: pd.DataFrame, fmt: str) -> str:
-    """Markdown or LaTeX, one table per paper table, laid out as the paper's."""
+    """Markdown or LaTeX, one table per paper table, laid out as the paper's (Markdown: with each column's agreement)."""
     parts = []
+    agreed = agreement(tables)
     for (paper_name, table), t in tables.groupby(["paper", "table"], sort=False):
         frame = wide_table(t)
         reported = "; ".join(sorted(set(t.loc[t["seeds"] > 0, "reported"]))) or "-"
         if fmt == "markdown":
             frame.columns = [f"{c} {k}" for c, k in frame.columns]
-            parts.append(f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n")
+            lines = [f"- {agreement_line(a)}" for a in agreed.itertuples() if (a.paper, a.table) == (paper_name, table)]
+            parts.append(f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n" + ("\nAgreement with the paper:\n\n" + "\n".join(lines) + "\n" if lines else ""))
         else:
             latex = frame.to_latex(caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c")
             for text, tex in (("_", r"\_"), ("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
@@ -392,9 +413,10 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
     note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
     if not tables.empty:
         write_atomic(out / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
+        write_atomic(out / "agreement.parquet", lambda p: agreement(tables).to_parquet(p, index=False))
         write_text_atomic(out / "tables.md", note + render(tables, "markdown"))
         write_text_atomic(out / "tables.tex", render(tables, "latex"))
-        written += [out / "tables.parquet", out / "tables.md", out / "tables.tex"]
+        written += [out / "tables.parquet", out / "agreement.parquet", out / "tables.md", out / "tables.tex"]
     best = best_configs(runs, summaries)
     if not best.empty:
         write_atomic(out / "best.parquet", lambda p: best.to_parquet(p, index=False))
