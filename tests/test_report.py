@@ -189,6 +189,21 @@ def test_baselines_no_paper_ran_sit_beside_a_main_table_and_the_replication_name
     assert set(fedpac1["method"]) == {"FedPAC"}
 
 
+def test_a_table_row_stands_for_the_form_that_produced_it_and_the_default_form_sits_beside_it(tmp_path):
+    from tuner.reproduce import cells
+
+    root = tmp_path / "results"
+    write_run(root / "php-pfllib", "fedphp-pfllib", [0.7, 0.8, 0.9])  # PFLlib's form: what GPFL's FedPHP row ran
+    write_run(root / "php", "fedphp", [0.6, 0.7, 0.75])
+    assert CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "report")]).exit_code == 0
+    tables = pd.read_parquet(tmp_path / "report" / "tables.parquet")
+    gpfl1 = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    assert gpfl1.loc["FedPHP", "ours_mean"] == pytest.approx(90.0) and gpfl1.loc["FedPHP", "paper_mean"] == 99.3
+    assert gpfl1.loc["FedPHP (paper's form)", "ours_mean"] == pytest.approx(75.0) and pd.isna(gpfl1.loc["FedPHP (paper's form)", "paper_mean"])
+    methods = {c["method"] for c in cells("gpfl-table1", methods=None)[0]} | {c["method"] for c in cells("fedcp-table2")[0]}
+    assert "fedphp-pfllib" in methods and "fedphp" not in methods  # tuner reproduce runs the form behind the numbers
+
+
 def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed_runs():
     from pathlib import Path
 
