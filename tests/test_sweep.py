@@ -245,6 +245,31 @@ def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_p
     assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [8, 8]
 
 
+def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
+    # The SIGTERM test above once saw a trial report round 8 of 8 and the stop land before Tune completed it:
+    # the sweep called it unfinished while its rows were whole.
+    from types import SimpleNamespace
+
+    from tuner.sweep import SweepProgress, stage_counts
+
+    stage_counts.update(early=0, failed=0, done=0)
+    progress = SweepProgress(total=3, rounds=8, select="val")
+    progress.setup()
+    last, early, failing = (SimpleNamespace(trial_id=i, last_result=None) for i in "abc")
+    progress.on_trial_result(0, [], last, {"round": 8})  # the stop came here: no on_trial_complete
+    assert stage_counts == {"early": 0, "failed": 0, "done": 1}
+    last.last_result = {"round": 8}
+    progress.on_trial_complete(0, [], last)  # completed after all: still one
+    early.last_result = {"round": 3}
+    progress.on_trial_result(0, [], early, {"round": 3})
+    progress.on_trial_complete(0, [], early)  # stopped early by the scheduler
+    progress.on_trial_result(0, [], failing, {"round": 8})
+    failing.error_file, failing.last_result = None, {"round": 8}
+    progress.on_trial_error(0, [], failing)  # it failed after its last round: failed, not done
+    progress.on_experiment_end([])
+    assert stage_counts == {"early": 1, "failed": 1, "done": 2}
+
+
 PLACEMENT = textwrap.dedent("""
     import json, sys
     from pathlib import Path

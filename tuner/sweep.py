@@ -155,6 +155,7 @@ class SweepProgress(Callback):
     def _reset(self):
         self.progress = None
         self.running: set[str] = set()
+        self.ended: set[str] = set()  # trials counted done
         self.counts = {"early": 0, "failed": 0, "done": 0}
         self.restored = False
         self.best = -math.inf
@@ -208,17 +209,27 @@ class SweepProgress(Callback):
         value = result.get(FIGURES[self.select])
         if value is not None and not math.isnan(value):
             self.best = max(self.best, value)
+        if not result.get("failed") and result.get("round", 0) >= self.rounds:
+            # done once its last round is reported: a stop before Tune completes it must not call it unfinished
+            self._count_done(trial, result["round"])
         self._show()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.running.discard(trial.trial_id)
-        self.counts["done"] += 1
-        if (trial.last_result or {}).get("round", self.rounds) < self.rounds:
-            self.counts["early"] += 1
+        self._count_done(trial, (trial.last_result or {}).get("round", self.rounds))
         self._show()
+
+    def _count_done(self, trial, last_round: int) -> None:
+        if trial.trial_id not in self.ended:
+            self.ended.add(trial.trial_id)
+            self.counts["done"] += 1
+            self.counts["early"] += last_round < self.rounds
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.running.discard(trial.trial_id)
+        if trial.trial_id in self.ended:  # it failed after its last round: failed, not done
+            self.ended.discard(trial.trial_id)
+            self.counts["done"] -= 1
         self.counts["failed"] += 1
         reason = ((trial.last_result or {}).get("failed") or (trial.error_file and tune_failure(Path(trial.error_file)))
                   or "it raised an error; see error.txt in its trial directory")  # fmt: skip
