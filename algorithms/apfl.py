@@ -54,7 +54,7 @@ class APFL(Method):
     passes = Passes(end_local=True)  # α_i projected to [0, 1]
 
     def init_client(self, model):
-        alpha = torch.tensor(self.hp.alpha, device=model[self.net.param_keys[0]].device)
+        alpha = torch.zeros((), device=model[self.net.param_keys[0]].device) + self.hp.alpha  # a copy, never the hyperparameter itself
         return {**super().init_client(model), **self.net.copy(model, GLOBAL), ALPHA: alpha}
 
     def phases(self):

@@ -123,29 +123,39 @@ def prefixed_state(state: State) -> State:
     return {SERVER_OPTIMIZER + k: v for k, v in state.items()}
 
 
+Number = float | torch.Tensor  # a float hyperparameter: a 0-dim tensor in a run, 0.0 where it is zero (hyperparameter_inputs)
+
+
+def is_on(value: Number) -> bool:
+    """Whether a float hyperparameter switches its term on: a tensor is never zero (hyperparameter_inputs),
+    so this reads no tensor's value and a compiled program branches only on what is static."""
+    return isinstance(value, torch.Tensor) or value != 0
+
+
 @dataclass(frozen=True)
 class SGD:
     """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
-    a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without)."""
+    a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without). The
+    numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs)."""
 
-    lr: float
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: Number
+    momentum: Number = 0.0
+    weight_decay: Number = 0.0
 
     def init(self, params: State) -> State:
-        return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
+        return {k: torch.zeros_like(v) for k, v in params.items()} if is_on(self.momentum) else {}
 
     def step(self, params: State, grads: State, state: State) -> None:
         p = list(params.values())
         d = [grads[k] for k in params]
-        if self.weight_decay:
-            d = torch._foreach_add(d, p, alpha=self.weight_decay)
-        if self.momentum:
+        if is_on(self.weight_decay):
+            d = torch._foreach_add(d, torch._foreach_mul(p, self.weight_decay))
+        if is_on(self.momentum):
             buf = [state[k] for k in params]
             torch._foreach_mul_(buf, self.momentum)
             torch._foreach_add_(buf, d)
             d = buf
-        torch._foreach_add_(p, d, alpha=-self.lr)
+        torch._foreach_sub_(p, torch._foreach_mul(d, self.lr))
 
 
 @dataclass(frozen=True)
@@ -155,23 +165,23 @@ class Adam:
     bias correction, as the paper writes it (Flower starts v at 0 and corrects the bias). In place,
     as SGD; its state holds m ("m.KEY") and v ("v.KEY")."""
 
-    lr: float
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
+    lr: Number
+    beta1: Number = 0.9
+    beta2: Number = 0.99
+    tau: Number = 1e-3
 
     def init(self, params: State) -> State:
-        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.full_like(v, self.tau**2) for k, v in params.items()}}
+        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.zeros_like(v) + self.tau**2 for k, v in params.items()}}
 
     def step(self, params: State, grads: State, state: State) -> None:
         for k, p in params.items():
             g, m, v = grads[k], state["m." + k], state["v." + k]
-            m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
+            m.mul_(self.beta1).add_((1 - self.beta1) * g)
             self.second_moment(v, g * g)
             p.sub_(self.lr * m / (v.sqrt() + self.tau))
 
     def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
-        v.mul_(self.beta2).add_(g2, alpha=1 - self.beta2)
+        v.mul_(self.beta2).add_((1 - self.beta2) * g2)
 
 
 class Yogi(Adam):
@@ -247,6 +257,29 @@ class Training:
 @dataclass
 class NoHparams:
     pass
+
+
+TRAINING_INPUTS = ("lr", "momentum", "weight_decay")  # the run's numbers that a training step reads
+
+
+def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dtype) -> None:
+    """Every float hyperparameter of the method (its Hparams' float fields, and the run's lr, momentum and
+    weight decay) becomes a 0-dim tensor of the run's float type on its device, so a compiled program reads
+    it as an input, never as a constant: one program serves every trial of a sweep (docs/engine.md, "What
+    recompiles"). A zero stays the number 0.0: a term switched off is a program of its own (is_on), and a
+    method may branch on it. Ints, bools and strings (epochs, k, switches) stay static. The engine calls
+    this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it."""
+
+    def tensors(values, names):
+        out = copy.copy(values)
+        for name in names:
+            v = getattr(values, name)
+            if type(v) is float and v != 0:
+                object.__setattr__(out, name, torch.tensor(v, dtype=dtype, device=device))  # Hparams may be frozen
+        return out
+
+    method.hp = tensors(method.hp, [f.name for f in fields(method.hp)])
+    method.training = tensors(method.training, TRAINING_INPUTS)
 
 
 class Method:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.base import Method, Passes, Unsupported, is_on, variant
 from algorithms.common import cross_entropy, per_client, weighted_mean
 
 COMBINE = ("qp", "protoweights", "none")
@@ -140,7 +140,7 @@ class FedPAC(Method):
     def loss(self, state, server, x, y):
         f = self.net.features(state, x)
         loss = F.cross_entropy(self.net.head(state, f), y)
-        if self.hp.lam:
+        if is_on(self.hp.lam):  # λ = 0: the ablation without feature alignment
             alignment = ((f - server["pac.centroids"][y]) ** 2).sum(1).mean() / f.shape[1]  # eq. 3
             loss = loss + self.hp.lam * server["pac.has_centroids"] * alignment
         return loss

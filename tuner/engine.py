@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Round, State
+from algorithms.base import Method, Round, State, hyperparameter_inputs
 from tuner.data.federated import FederatedData
 from tuner.draws import FINE_TUNE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
 from tuner.errors import DivergedError
@@ -55,6 +55,7 @@ class Simulation:
         model = method.net.initial_state()
         n = data.num_clients
         dtype = next(v.dtype for v in model.values() if v.is_floating_point())
+        hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
         as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731  method modules are float32
         self.server = as_model(method.init_server(model))
         client = as_model(method.init_client(model))

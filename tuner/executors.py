@@ -92,25 +92,45 @@ def pure_step(grad: Callable, phase: Phase, is_buffer: Callable[[str], bool]) ->
 
 
 class CompiledStep:
-    """The step as compiled programs of fixed shapes, one per number of rows; results written back in place."""
+    """The step as compiled programs of fixed shapes, one per number of rows; results written back in place.
+    A program that fails to compile hands the step to `fallback` (Executor.compile_failed: the run goes on eager)."""
 
-    def __init__(self, program: Callable, pad: bool):
-        self.program, self.pad = program, pad
+    def __init__(self, program: Callable, pad: bool, fallback: Callable):
+        self.program, self.pad, self.fallback = program, pad, fallback
         self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
 
     def rows(self, active: int, total: int) -> int:
-        return min(total, 1 << (active - 1).bit_length()) if self.pad else active
+        return padded_rows(active, total) if self.pad else active
 
     def __call__(self, params, opt_state, rest, server, x, y, active):
         rows = len(y)
         key = (rows, active, y.device)
         if key not in self.masks:
             self.masks[key] = torch.arange(rows, device=y.device) < active
-        new_params, new_opt, new_stats, loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
+        try:
+            new_params, new_opt, new_stats, loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
+        except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
+            head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
+            loss = self.fallback(e)(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
+            return torch.cat([loss, loss.new_zeros(rows - active)])
         for old, new in ((params, new_params), (opt_state, new_opt), (rest, new_stats)):
             if new:
                 torch._foreach_copy_([old[k] for k in new], list(new.values()))
         return loss
+
+
+def padded_rows(active: int, total: int) -> int:
+    """Rows a compiled program runs for `active` clients: the next power of two, at most the chunk."""
+    return min(total, 1 << (active - 1).bit_length())
+
+
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What torch.compile raises when it cannot make a program (no C++ compiler, an unsupported operation, a
+    backend's failure); a method's own error raises again in the eager step that follows."""
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return TorchDynamoException, CppCompileError
 
 
 class MethodFailed(RuntimeError):
