@@ -61,4 +61,21 @@ def test_the_sequential_executor_compiles_one_program_a_client_calls():
     seq = reference_run("fedrep")  # two phases: head, then body
     sim, _, programs = compiled_run(exact_config("fedrep", executor="sequential", engine="compiled"), 2)
     assert_equal_states(seq, sim)
-    assert programs <= sim.executor.shapes_compiled() == 2
+    assert programs <= sim.executor.shapes_compiled()
+    assert len(sim.executor.compiled) == 2 and set(sim.executor.summing) == {"logits"}  # a step program per phase; evaluation's
+
+
+def test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers():
+    """A sweep's trials differ in lr and the method's floats: those reach the programs as inputs, so the
+    second trial compiles nothing, and trains with its own numbers, not the first's (equal to eager)."""
+    first = dict(executor="vectorized", join_ratio="1", clients=4, lr=0.05, hparams=dict(lam=0.01, mu=0.1))
+    compiled_run(exact_config("gpfl", engine="compiled", **first), 1)
+    second = {**first, "lr": 0.03, "hparams": dict(lam=0.3, mu=0.02)}
+    before = counters["stats"]["unique_graphs"]
+    sim, rows = run_rounds(exact_config("gpfl", engine="compiled", **second), 2)
+    assert counters["stats"]["unique_graphs"] == before
+    eager, eager_rows = run_rounds(exact_config("gpfl", engine="eager", **second), 2)
+    assert_equal_states(eager, sim)
+    assert rows[-1]["train_loss"] == pytest.approx(eager_rows[-1]["train_loss"], rel=1e-9)
+    assert rows[-1]["acc"] == eager_rows[-1]["acc"]  # evaluation is compiled too
+    assert set(sim.executor.summing) == {"logits", "statistics"}

@@ -215,6 +215,27 @@ def test_engine_auto_is_compiled_on_a_gpu_and_eager_on_a_cpu_and_recorded_resolv
     assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
 
 
+def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_with_one_line(monkeypatch, capsys):
+    from torch._dynamo.exc import TorchDynamoException
+
+    import tuner.executors
+
+    def no_compiler(fn, device):
+        def fails(*args):
+            raise TorchDynamoException("no working C++ compiler")
+
+        return fails
+
+    monkeypatch.setattr(tuner.executors, "compile_program", no_compiler)
+    cfg = digits("gpfl", dtype="float64", executor="vectorized")
+    sim, rows = run_rounds(replace(cfg, engine="compiled"), 2)
+    reference, reference_rows = run_rounds(replace(cfg, engine="eager"), 2)
+    assert_equal_states(reference, sim)
+    assert [r["acc"] for r in rows] == [r["acc"] for r in reference_rows]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert lines == ["Compiling GPFL's steps failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]
+
+
 def test_deterministic_algorithms_follow_each_runs_setting():
     build_simulation(digits("fedavg", deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()

@@ -179,6 +179,7 @@ def sweep(
     study_db: Optional[Path] = typer.Option(None, callback=absolute, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."),
     resume: bool = typer.Option(False, help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume from their checkpoints."),
     verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
+    compile_cache: Optional[Path] = typer.Option(None, callback=absolute, help="Folder where trials keep their compiled programs, shared by the sweep's trials and kept for later sweeps; a new folder starts cold [default: STORAGE/.compile-cache]."),
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
     from tuner.space import load_space
@@ -189,7 +190,7 @@ def sweep(
     sp = load_space(space, method, overrides, parse_set(set_))
     stem, short = space.stem, method_class(sp.method).name  # a method of one's own: its name, not its file
     sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(short) else f"{short}-{stem}")).expanduser())
-    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
+    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose, compile_cache)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
     console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, sampler {sp.sampler}, selecting by {sp.select} accuracy")

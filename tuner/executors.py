@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import sys
+
 import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -145,6 +147,8 @@ class Executor:
         self.data = data
         self.settings = settings
         self.compiled: dict[tuple, CompiledStep] = {}
+        self.summing: dict[str, Callable] = {}  # compiled evaluation programs, by hook
+        self.summing_shapes: dict[str, set] = {}  # ... and the shapes they ran
 
     def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
         """fn applied to each row of the arguments whose in_dim is 0, stacked; row i is client `at.clients[i]`
@@ -188,19 +192,32 @@ class Executor:
         """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
         program each round would recompile (tests count the compilations)."""
         grad = self._step_loss(phase)
+        eager = lambda: EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase)  # noqa: E731
         if self.settings.engine == "eager":
-            return EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase)
+            return eager()
         key = (phase, tuple(trains))
         if key not in self.compiled:
-            self.compiled[key] = self.compile(grad, phase)
+            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, lambda error: self.compile_failed(error, eager))
         return self.compiled[key]
 
-    def compile(self, grad: Callable, phase: Phase) -> CompiledStep:
+    pads: bool = True  # compiled programs run the active clients padded to a power of two (else one client's shape)
+
+    def compile(self, grad: Callable, phase: Phase) -> Callable:
         raise NotImplementedError
+
+    def compile_failed(self, error: Exception, eager: Callable[[], Callable]) -> Callable:
+        """A program could not be compiled: the run goes on eager, saying so once; an optimisation never fails a run."""
+        if self.settings.engine == "compiled":
+            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            print(f"Compiling {type(self.method).__name__}'s steps failed ({type(error).__name__}: {reason}); the run goes on with engine=eager.",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            self.settings.engine = "eager"
+        return eager()
 
     def shapes_compiled(self) -> int:
         """Distinct (step, rows) programs the run has needed: what dynamo should have compiled, once each."""
-        return sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())  # sequential: one client's shape
+        steps = sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())  # sequential: one client's shape
+        return steps + sum(len(shapes) for shapes in self.summing_shapes.values())
 
     def _inputs(self, idx: torch.Tensor, draws: torch.Tensor | None) -> torch.Tensor:
         """Training inputs of the rows idx: augmented on the stored pixels, then decoded."""
@@ -269,6 +286,30 @@ class Executor:
             self.chunked(len(ids), run_chunk)
         return (losses / steps.clamp(min=1)).cpu()
 
+    def summer(self, fn: Callable, hook: str, at: Round) -> tuple[Callable, bool]:
+        """fn mapped over a stack of clients for sum_over, and whether its rows are padded to a power of two:
+        on the compiled engine one program per hook, kept for the run (a program that cannot be compiled
+        hands the run to eager)."""
+        mapped = self.mapped(fn, (0, None, 0, 0, 0), hook, at)
+        if self.settings.engine == "eager":
+            return mapped, False
+        if hook not in self.summing:
+            self.summing[hook] = self.compile_summing(fn)
+        program, shapes = self.summing[hook], self.summing_shapes.setdefault(hook, set())
+
+        def summed(state, server, x, y, w):
+            shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))  # one program each: (clients, samples), or one client's
+            try:
+                return program(state, server, x, y, w)
+            except compile_errors() as e:
+                self.compile_failed(e, lambda: None)
+                return mapped(state, server, x, y, w)
+
+        return summed, self.pads
+
+    def compile_summing(self, fn: Callable) -> Callable:
+        raise NotImplementedError
+
     @torch.no_grad()
     def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round, stream: int) -> State:
         """Sum fn(state, server, x, y, w) over each client's samples of a split, eval_batch at a time;
@@ -289,17 +330,18 @@ class Executor:
             if self.method.draws:
                 seed = self.settings.seed
                 state[DRAW_KEY] = torch.stack([draw_keys(seed, at.number, stream, ids[j], len(starts)) for j in rows]).to(device)
-            summed = self.mapped(fn, (0, None, 0, 0, 0), hook, replace(at, clients=clients))  # row i: clients[i]
+            summed, pad = self.summer(fn, hook, replace(at, clients=clients))  # row i: clients[i]
             total: State = {}
             for b, start in enumerate(starts):
                 a = max(1, sum(1 for c in counts if c > start))
-                index, mask = split.padded_index(clients[:a], start, width)
-                batch_state = {k: v[:a, b] if k == DRAW_KEY else v[:a] for k, v in state.items()}
+                n = padded_rows(a, len(rows)) if pad else a  # padded rows are clients past their last sample: w = 0
+                index, mask = split.padded_index(clients[:n], start, width)
+                batch_state = {k: v[:n, b] if k == DRAW_KEY else v[:n] for k, v in state.items()}
                 part_out = summed(batch_state, server, self.data.decode(split.x[index]), split.y[index], mask.to(float_type(states)))
                 if not total:
                     total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
                 for k, v in part_out.items():
-                    total[k][:a] += v
+                    total[k][:n] += v
             for r, j in enumerate(rows):
                 results[j] = {k: v[r] for k, v in total.items()}
 
@@ -325,15 +367,26 @@ class SequentialExecutor(Executor):
 
         return one_by_one
 
+    pads = False
+
     def compile(self, grad, phase):
         """One program of one client's shapes, called client by client (no padding needed)."""
-        program = compile_program(pure_step(grad, phase, self.method.net.is_buffer), self.data.train.y.device)
+        return self.one_by_one(compile_program(pure_step(grad, phase, self.method.net.is_buffer), self.data.train.y.device), server_at=3)
 
-        def one_by_one(params, opt_state, rest, server, x, y, active):
-            rows = [program(*[tree_map(lambda t: t[i], a) for a in (params, opt_state, rest)], server, x[i], y[i], active[i]) for i in range(len(y))]
-            return _stack(rows)
+    def compile_summing(self, fn):
+        return self.one_by_one(compile_program(fn, self.data.train.y.device), server_at=1)
 
-        return CompiledStep(one_by_one, pad=False)
+    @staticmethod
+    def one_by_one(program: Callable, server_at: int) -> Callable:
+        """A one-client program called for each row of its stacked arguments; the server's (argument
+        `server_at`) is every client's."""
+
+        def each(*args):
+            n = len(tree_flatten(args[0])[0][0])
+            row = lambda a, i: tree_map(lambda t: t[i], a)  # noqa: E731
+            return _stack([program(*[a if j == server_at else row(a, i) for j, a in enumerate(args)]) for i in range(n)])
+
+        return each
 
 
 def compile_program(fn: Callable, device: torch.device) -> Callable:
@@ -369,7 +422,10 @@ class VectorizedExecutor(Executor):
 
     def compile(self, grad, phase):
         program = pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.net.is_buffer)
-        return CompiledStep(compile_program(program, self.data.train.y.device), pad=True)
+        return compile_program(program, self.data.train.y.device)
+
+    def compile_summing(self, fn):
+        return compile_program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), self.data.train.y.device)
 
 
 def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:

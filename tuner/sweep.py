@@ -43,15 +43,20 @@ from tuner.space import Space
 EXPERIMENT_FILE = "experiment.yaml"
 RESERVE_FILE = ".storage-reserve"  # the space StorageWatch gives back when the storage fills
 CHECKPOINT_FILE = "simulation.pt"
+COMPILE_CACHE = ".compile-cache"  # beside the sweeps of one storage, so later sweeps find their programs compiled
 
 
 # --- one trial
-def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int) -> None:
-    """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole."""
+def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str) -> None:
+    """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole.
+    Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
+    read back instead of compiling again); a trial in a reused worker finds them in memory."""
     import ray
     import torch
 
     from tuner.run import build_simulation
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
 
     cfg = trial_config(base, config)
     gpus = ray.get_gpu_ids()
@@ -291,6 +296,7 @@ class Resources:
     max_concurrent: int | None = None
     address: str | None = None
     verbose: bool = False
+    compile_cache: Path | None = None  # where trials keep compiled programs (torch's on-disk caches); None: beside the sweep
 
 
 def quiet(verbose: bool) -> None:
@@ -395,7 +401,8 @@ def run_stage(
     path = sweep_dir / stage
     request = trial_resources(res)
     check_fits(request)
-    trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every), request)
+    cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
+    trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache), request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
         drop_damaged_errors(path)
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
