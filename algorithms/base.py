@@ -33,6 +33,12 @@ loss, logits and statistics, different for every (seed, round, stream, client, s
 into noise with `algorithms.common.uniform` / `gumbel` (integer hashing: the same numbers on every
 device, in both executors). vmap refuses any other draw.
 
+Hyperparameters are read as numbers, in arithmetic only (`self.hp.lam * term`): during a run every
+nonzero float of `Hparams` and the run's lr, momentum and weight decay are 0-dim tensors
+(`hyperparameter_inputs`), so one compiled program serves every trial of a sweep; zero stays 0.0,
+and `is_on(self.hp.lam)` tells whether a term is switched on (docs/engine.md, "How a method reads a
+hyperparameter").
+
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
 its inputs. This package depends on torch only.

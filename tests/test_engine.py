@@ -206,12 +206,14 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
     assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"  # a choice overrides the rule
 
 
-def test_engine_auto_is_compiled_on_a_gpu_and_eager_on_a_cpu_and_recorded_resolved():
-    from tuner.config import auto_engine
+def test_engine_auto_compiles_on_a_gpu_and_for_runs_long_enough_to_repay_it_on_a_cpu_and_is_recorded_resolved():
+    from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
 
-    assert auto_engine("cuda") == auto_engine("cuda:1") == "compiled" and auto_engine("cpu") == "eager"
-    cfg = RunConfig(method="fedavg", dataset="digits").resolved()
+    assert auto_engine("cuda", 1) == auto_engine("cuda:1", 10) == "compiled"
+    assert auto_engine("cpu", CPU_COMPILE_ROUNDS - 1) == "eager" and auto_engine("cpu", CPU_COMPILE_ROUNDS) == "compiled"
+    cfg = RunConfig(method="fedavg", dataset="digits", rounds=20).resolved()
     assert cfg.engine == "eager" and "engine: eager" in cfg.to_yaml()  # config.yaml says what ran
+    assert RunConfig(method="fedavg", dataset="digits", rounds=2000).resolved().engine == "compiled"
     assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
 
 

@@ -461,3 +461,18 @@ def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_f
     assert trial_resources(Resources(gpus_per_trial=1))["gpu"] == 1
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2})
     assert trial_resources(Resources())["gpu"] == 0
+
+
+def test_a_sweep_on_auto_compiles_when_a_workers_trials_together_repay_it():
+    from tuner.config import CPU_COMPILE_ROUNDS
+    from tuner.sweep import sweep_engine
+
+    cpu = {"cpu": 1, "gpu": 0}
+    two_cores = {"CPU": 2}
+    assert sweep_engine({}, cpu, 8, 15, None, two_cores) == "eager"  # the demo: 4 trials of 15 rounds a worker
+    assert sweep_engine({}, cpu, 16, 50, None, two_cores) == "compiled"  # 8 trials of 50 rounds a worker
+    assert sweep_engine({}, cpu, 16, 50, 16, {"CPU": 16}) == "eager"  # one trial a worker: 50 rounds
+    assert sweep_engine({}, cpu, 2, CPU_COMPILE_ROUNDS, None, two_cores) == "compiled"
+    gpu = {"cpu": 1, "gpu": 0.5}
+    assert sweep_engine({}, gpu, 1, 5, None, {"CPU": 16, "GPU": 1}) == "compiled"
+    assert sweep_engine({"device": "cpu"}, gpu, 1, 5, None, {"CPU": 16, "GPU": 1}) == "eager"  # its settings keep it on the CPU

@@ -52,12 +52,18 @@ def auto_executor(device: str, batch_size: int) -> str:
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
 
 
-def auto_engine(device: str) -> str:
-    """Compiled on a GPU, where a step of small batches is launch overhead that one captured program
-    removes; eager on a CPU, where compiling costs seconds to minutes a program on few cores, paid
-    again by every trial with other hyperparameters, and needs a C++ toolchain (docs/performance.md,
-    "Compiled steps")."""
-    return "compiled" if device.startswith("cuda") else "eager"
+# Rounds on a CPU from which compiling repays itself: the small setting's first trial compiles its programs in
+# COLD s and then saves SAVED s a round against eager (bench/compile_once.py, docs/performance.md "Compiling
+# once"), so compiled wins from COLD / SAVED rounds run with the same programs on.
+CPU_COMPILE_ROUNDS = 300
+
+
+def auto_engine(device: str, rounds: int) -> str:
+    """Compiled where the rounds that will run its programs repay compiling them, eager elsewhere. `rounds`: a
+    run's own, or, in a sweep, those of all the trials one worker runs (they share its programs). On a GPU a step
+    of small batches is launch overhead that one captured program removes, so compiled from the first round; on
+    a CPU from CPU_COMPILE_ROUNDS on (docs/performance.md, "Compiling once")."""
+    return "compiled" if device.startswith("cuda") or rounds >= CPU_COMPILE_ROUNDS else "eager"
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ class RunConfig:
         hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
-        engine = auto_engine(device) if self.engine == "auto" else self.engine
+        engine = auto_engine(device, self.rounds) if self.engine == "auto" else self.engine
         run["backbone"] = canonical(run["backbone"])
         run["normalize"] = self._normalization(dataset, run["normalize"])
         out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,

@@ -75,26 +75,26 @@ class EagerStep:
 
 
 def pure_step(grad: Callable, phase: Phase, is_buffer: Callable[[str], bool]) -> Callable:
-    """A step as a pure function of one client's tensors or a stack of them (grad mapped over it): new
-    parameters, optimizer state and BatchNorm statistics, and the loss; a row that is not `active`
-    (a padded row of a compiled cohort) keeps what it had and adds 0 to the loss."""
+    """A step of one client's tensors or a stack of them (grad mapped over it) that writes its new parameters,
+    optimizer state and BatchNorm statistics into them and returns the loss; a row that is not `active` (a
+    padded row of a compiled cohort) keeps what it had and adds 0 to the loss. Compiled, the writes land in
+    the inputs' own memory: nothing is copied back after the program."""
 
     def step(params, opt_state, rest, server, x, y, active):
         stats = {k: v.clone() for k, v in rest.items() if is_buffer(k)}  # the forward updates these in place
         g, loss = grad(params, {**rest, **stats}, server, x, y)
         new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
         phase.optimizer.step(new_params, g, new_opt)
-
-        def keep(new: State, old: State) -> State:
-            return {k: torch.where(active.view(active.shape + (1,) * (v.dim() - active.dim())), v, old[k]) for k, v in new.items()}
-
-        return keep(new_params, params), keep(new_opt, opt_state), keep(stats, rest), torch.where(active, loss, torch.zeros_like(loss))
+        for new, old in ((new_params, params), (new_opt, opt_state), (stats, rest)):
+            for k, v in new.items():
+                old[k].copy_(torch.where(active.view(active.shape + (1,) * (v.dim() - active.dim())), v, old[k]))
+        return torch.where(active, loss, torch.zeros_like(loss))
 
     return step
 
 
 class CompiledStep:
-    """The step as compiled programs of fixed shapes, one per number of rows; results written back in place.
+    """The step as compiled programs of fixed shapes, one per number of rows, updating the chunk in place.
     A program that fails to compile hands the step to `fallback` (Executor.compile_failed: the run goes on eager)."""
 
     def __init__(self, program: Callable, pad: bool, fallback: Callable):
@@ -110,15 +110,11 @@ class CompiledStep:
         if key not in self.masks:
             self.masks[key] = torch.arange(rows, device=y.device) < active
         try:
-            new_params, new_opt, new_stats, loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
+            return self.program(params, opt_state, rest, server, x, y, self.masks[key])
         except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
             head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
             loss = self.fallback(e)(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
             return torch.cat([loss, loss.new_zeros(rows - active)])
-        for old, new in ((params, new_params), (opt_state, new_opt), (rest, new_stats)):
-            if new:
-                torch._foreach_copy_([old[k] for k in new], list(new.values()))
-        return loss
 
 
 def padded_rows(active: int, total: int) -> int:
@@ -133,6 +129,37 @@ def compile_errors() -> tuple[type[Exception], ...]:
     from torch._inductor.exc import CppCompileError
 
     return TorchDynamoException, CppCompileError
+
+
+class ChunkBuffers:
+    """The tensors a chunk trains in, one buffer a state key as deep as the federation, kept for the process:
+    a step reads and writes them where they are, so their addresses stay fixed from step to step, round to
+    round and trial to trial (a sweep's trials share a worker), and a CUDA graph copies none of them in or out
+    (they are marked static). A group's buffers of other keys or shapes (another run's) are dropped."""
+
+    def __init__(self):
+        self.groups: dict[str, State] = {}
+
+    def take(self, like: State, rows: int, depth: int, group: str = "state", copy: bool = False) -> State:
+        """Views of the first `rows` rows of the group's buffers shaped like `like`'s tensors (rows of clients),
+        holding `like`'s values if `copy`."""
+        old, new = self.groups.get(group, {}), {}
+        for k, v in like.items():
+            buffer = old.get(k)
+            if buffer is None or buffer.shape != (depth, *v.shape[1:]) or buffer.dtype != v.dtype or buffer.device != v.device:
+                buffer = torch.empty((depth, *v.shape[1:]), dtype=v.dtype, device=v.device)
+            new[k] = buffer
+        self.groups[group] = new
+        out = {k: b[:rows] for k, b in new.items()}
+        for k, v in out.items():
+            if v.is_cuda:  # the view is the program's input: mark it, not only its base
+                torch._dynamo.mark_static_address(v, guard=False)
+            if copy:
+                v.copy_(like[k])
+        return out
+
+
+CHUNKS = ChunkBuffers()
 
 
 class MethodFailed(RuntimeError):
@@ -265,19 +292,15 @@ class Executor:
                 index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
                 active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
                 order_t = torch.tensor(order, device=device)
-                params = {k: cohort[k][order_t].clone() for k in keys}
-                rest = {k: v[order_t].clone() for k, v in cohort.items() if k not in params}
-                opt_state = phase.optimizer.init(params)
+                tensors = CHUNKS.take(cohort, len(order), self.data.num_clients)
+                for k, v in cohort.items():
+                    torch.index_select(v, 0, order_t, out=tensors[k])
+                params = {k: tensors[k] for k in keys}
+                rest = {k: v for k, v in tensors.items() if k not in params}
+                opt_state = CHUNKS.take(phase.optimizer.init(params), len(order), self.data.num_clients, f"optimizer {p_idx}", copy=True)
                 chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
                 step = self.step(phase, keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
-                for t, a in enumerate(active):
-                    rows = step.rows(a, len(order))
-                    idx = index[:rows, t]
-                    x = self._inputs(idx, None if aug is None else aug[:rows, t])
-                    head = lambda d: {k: v[:rows] for k, v in d.items()}  # noqa: E731  views: updates land in the chunk
-                    rest_t = head(rest) if key is None else {**head(rest), DRAW_KEY: key[:rows, t]}
-                    loss = step(head(params), head(opt_state), rest_t, server, x, train.y[idx], a)
-                    chunk_loss[:rows] += loss.detach()  # no host sync per step
+                self.run_steps(step, active, (params, opt_state, rest), server, index, aug, key, chunk_loss)
                 for k, v in {**params, **rest}.items():
                     cohort[k][order_t] = v
                 losses[order_t] += chunk_loss
@@ -285,6 +308,22 @@ class Executor:
 
             self.chunked(len(ids), run_chunk)
         return (losses / steps.clamp(min=1)).cpu()
+
+    def run_steps(self, step, active: list[int], chunk: tuple[State, State, State], server: State, index, aug, key, chunk_loss) -> None:
+        """The chunk's steps: step t trains its `active[t]` first rows (padded for a compiled step) on their rows
+        of the schedule; the chunk's tensors are updated in place, each client's losses summed in chunk_loss."""
+        total, views = len(chunk_loss), {}
+        for t, a in enumerate(active):
+            rows = step.rows(a, total)
+            if rows not in views:  # views of the chunk's first rows, made once a size: updates land in the chunk
+                views[rows] = [{k: v[:rows] for k, v in d.items()} for d in chunk]
+            params, opt_state, rest = views[rows]
+            idx = index[:rows, t]
+            x = self._inputs(idx, None if aug is None else aug[:rows, t])
+            if key is not None:
+                rest = {**rest, DRAW_KEY: key[:rows, t]}
+            loss = step(params, opt_state, rest, server, x, self.data.train.y[idx], a)
+            chunk_loss[:rows] += loss.detach()  # no host sync per step
 
     def summer(self, fn: Callable, hook: str, at: Round) -> tuple[Callable, bool]:
         """fn mapped over a stack of clients for sum_over, and whether its rows are padded to a power of two:

@@ -22,6 +22,9 @@ Prediction: <which model a client predicts with>.
 The contract: docs/own_code.md, "Add your method in one file". States are flat dicts of tensors
 ("body.0.weight", "head.weight", plus what the method adds); hooks are pure functions of them
 (no branching on tensor values, no in-place changes to inputs), so both executors run them.
+Read a hyperparameter in arithmetic only (self.hp.mu * term; a bool field switches a term): during a
+run its float is a tensor, so one compiled program serves every trial
+(docs/engine.md, "How a method reads a hyperparameter").
 """
 
 from dataclasses import dataclass

@@ -27,13 +27,14 @@ from typing import Any
 
 import optuna
 import yaml
+import ray
 from ray import tune
 from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.config import TRIAL_RETRIES, apply_settings, trial_config, user_path
+from tuner.config import TRIAL_RETRIES, apply_settings, auto_engine, trial_config, user_path
 from tuner.run import FIGURES, SCORE, score, selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
 from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
@@ -383,6 +384,17 @@ def trial_resources(res: Resources) -> dict[str, float]:
     return {"cpu": res.cpus_per_trial, "gpu": gpus}
 
 
+def sweep_engine(base: dict[str, Any], request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict) -> str:
+    """auto_engine's choice for a stage's trials: a trial on a GPU share runs on CUDA (unless its settings say
+    cpu), and the rounds that a worker's programs serve are its share of the trials' (Tune reuses workers)."""
+    workers = int(cluster.get("CPU", 1) // request["cpu"])
+    if request["gpu"]:
+        workers = min(workers, int(cluster.get("GPU", 0) // request["gpu"]))
+    workers = max(1, min(workers, max_concurrent or workers, trials))
+    on_gpu = request["gpu"] > 0 and str(base.get("device", "auto")).startswith(("auto", "cuda"))
+    return auto_engine("cuda" if on_gpu else "cpu", rounds * math.ceil(trials / workers))
+
+
 def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
     path.mkdir(parents=True, exist_ok=True)
     info = {"stage": stage, "select": select, "settings": base, **extra}
@@ -401,6 +413,9 @@ def run_stage(
     path = sweep_dir / stage
     request = trial_resources(res)
     check_fits(request)
+    if base.get("engine", "auto") == "auto":  # a worker runs several trials with the same programs: decide for them all
+        trials = samples if expected is None else expected
+        base = {**base, "engine": sweep_engine(base, request, trials, rounds, res.max_concurrent, ray.cluster_resources())}
     cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
     trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache), request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
