@@ -36,8 +36,8 @@ device, in both executors). vmap refuses any other draw.
 Hyperparameters are read as numbers, in arithmetic only (`self.hp.lam * term`): during a run every
 nonzero float of `Hparams` and the run's lr, momentum and weight decay are 0-dim tensors
 (`hyperparameter_inputs`), so one compiled program serves every trial of a sweep; zero stays 0.0,
-and `is_on(self.hp.lam)` tells whether a term is switched on (docs/engine.md, "How a method reads a
-hyperparameter").
+and `is_on(self.hp.lam)` tells whether a term is switched on
+(docs/engine.md, "How a method reads a hyperparameter").
 
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
