@@ -13,6 +13,8 @@ warm-up round that compiles every program the round needs:
                        clients train in parallel but each one's steps are sequential, so no
                        round can be faster;
 - recompiles           programs compiled during the timed rounds (must be 0);
+- compile              the compiled run's first round (its compiling included), and a second trial's
+                       (other lr and seed: the same programs, so none compiled);
 - whole round          compiled, with every client's evaluation (the papers evaluate every round).
 
 Also `--sequential` times the sequential executor (the reference, slow). Usage:
@@ -130,6 +132,9 @@ def measure(method: str, device: str, rounds: int, sequential: bool = False, **s
         out[f"{engine} s/round"] = s
         if engine == "compiled":
             out |= {"compile + first round s": warm, "recompiles": recompiles}
+    before = counters["stats"]["unique_graphs"]  # a sweep's next trial: other numbers, the same programs
+    out["second trial: compile + first round s"] = seconds_per_round(build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1)), 1)[0]
+    out["second trial programs"] = counters["stats"]["unique_graphs"] - before
     if sequential:
         out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
     out["compiled whole round s"] = seconds_per_round(build_simulation(replace(cfg, engine="compiled", eval_gap=1)), rounds)[1]  # with evaluation
@@ -165,6 +170,7 @@ def main() -> None:
         if "% of ceiling" in r:
             line += f"  {r['% of ceiling']:.0f} % of the ceiling ({r['ceiling s/round']:.3f} s)"
         line += f"  recompiles {r['recompiles']}  compile + first round {r['compile + first round s']:.0f} s"
+        line += f" (a second trial {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs)"
         line += f"  whole round {r['compiled whole round s']:.3f} s"
         print(line, flush=True)
     if args.json:

@@ -100,6 +100,7 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert reused, [t["rows"][0]["pid"] for t in by_start]
     assert [r["acc"] for r in reused[0]["rows"]] == fresh_accuracies(experiment["settings"], reused[0]["params"])
     assert experiment["stage"] == "search" and experiment["settings"]["method"] == "fedavg"
+    assert experiment["settings"]["engine"] == "eager"  # auto, decided for the workers' trials: 3 rounds, too few to compile
     summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
     best_lr = summary["best_config"]["lr"]
     # One trial is best by validation (the earlier round of equals) for the console, Optuna's study and the report.

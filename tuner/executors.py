@@ -2,21 +2,24 @@
 stacked along dim 0, mapped one client at a time (`sequential`, the reference, which names the
 hook, round and client of a failure in a method's code) or all at once with torch.func.vmap
 (`vectorized`). Clients with fewer batches drop out of a step: the cohort is sorted by step
-count, so the clients still active are always a prefix of the stack.
+count, so the clients still active are always a prefix of the stack. A chunk of the cohort trains
+in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
 
-A training step runs one of two ways (`engine`): `eager`, the reference, updates the active
-prefix in place; `compiled` runs the whole step (forward, backward, the optimizer's update) as one
-torch.compile'd program of fixed shapes, the active clients padded to a power of two (so a run
-compiles at most log2(cohort) + 1 programs, and none twice) with the padded rows' results
-discarded; on CUDA as CUDA graphs (mode reduce-overhead). Both give the same numbers (tests hold
-them equal in float64)."""
+A training step and an evaluation batch run one of two ways (`engine`): `eager`, the reference,
+updates the active prefix in place; `compiled` runs the whole step (forward, backward, the
+optimizer's update written into the chunk) or the whole evaluation batch as one torch.compile'd
+program of fixed shapes, the active clients padded to a power of two (so a run compiles at most
+log2(cohort) + 1 programs a phase, and none twice) with the padded rows left as they were; on CUDA
+as CUDA graphs (mode reduce-overhead). The method's and the run's floats are inputs of the programs
+(algorithms.base.hyperparameter_inputs), so a sweep's next trial compiles nothing. Both engines give
+the same numbers (tests hold them equal in float64); a program that cannot be compiled leaves the
+run to eager."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Callable
-
-import sys
 
 import torch
 from torch.func import grad_and_value, vmap
@@ -224,7 +227,12 @@ class Executor:
             return eager()
         key = (phase, tuple(trains))
         if key not in self.compiled:
-            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, lambda error: self.compile_failed(error, eager))
+
+            def fallback(error: Exception) -> EagerStep:
+                self.compile_failed(error)
+                return eager()
+
+            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, fallback)
         return self.compiled[key]
 
     pads: bool = True  # compiled programs run the active clients padded to a power of two (else one client's shape)
@@ -232,14 +240,13 @@ class Executor:
     def compile(self, grad: Callable, phase: Phase) -> Callable:
         raise NotImplementedError
 
-    def compile_failed(self, error: Exception, eager: Callable[[], Callable]) -> Callable:
+    def compile_failed(self, error: Exception) -> None:
         """A program could not be compiled: the run goes on eager, saying so once; an optimisation never fails a run."""
         if self.settings.engine == "compiled":
-            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            reason = (str(error).strip().splitlines() or [""])[0][:200]
             print(f"Compiling {type(self.method).__name__}'s steps failed ({type(error).__name__}: {reason}); the run goes on with engine=eager.",
                   file=sys.stderr, flush=True)  # fmt: skip
             self.settings.engine = "eager"
-        return eager()
 
     def shapes_compiled(self) -> int:
         """Distinct (step, rows) programs the run has needed: what dynamo should have compiled, once each."""
@@ -264,6 +271,7 @@ class Executor:
         ids = at.clients.tolist()
         losses = torch.zeros(len(ids), dtype=torch.float64, device=device)
         steps = torch.zeros(len(ids), device=device)
+        depth = min(s.cohort_chunk or self.data.num_clients, self.data.num_clients)  # the largest chunk a run can have: one set of buffers
         self.method.net.module.train()
         for p_idx, phase in enumerate(phases):
             keys = self._trainable(phase, cohort)
@@ -292,12 +300,12 @@ class Executor:
                 index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
                 active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
                 order_t = torch.tensor(order, device=device)
-                tensors = CHUNKS.take(cohort, len(order), self.data.num_clients)
+                tensors = CHUNKS.take(cohort, len(order), depth)
                 for k, v in cohort.items():
                     torch.index_select(v, 0, order_t, out=tensors[k])
                 params = {k: tensors[k] for k in keys}
                 rest = {k: v for k, v in tensors.items() if k not in params}
-                opt_state = CHUNKS.take(phase.optimizer.init(params), len(order), self.data.num_clients, f"optimizer {p_idx}", copy=True)
+                opt_state = CHUNKS.take(phase.optimizer.init(params), len(order), depth, f"optimizer {p_idx}", copy=True)
                 chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
                 step = self.step(phase, keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
                 self.run_steps(step, active, (params, opt_state, rest), server, index, aug, key, chunk_loss)
@@ -341,7 +349,7 @@ class Executor:
             try:
                 return program(state, server, x, y, w)
             except compile_errors() as e:
-                self.compile_failed(e, lambda: None)
+                self.compile_failed(e)
                 return mapped(state, server, x, y, w)
 
         return summed, self.pads
@@ -431,9 +439,9 @@ class SequentialExecutor(Executor):
 def compile_program(fn: Callable, device: torch.device) -> Callable:
     """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one); CUDA graphs on a GPU.
 
-    Every program of every run shares one code object (pure_step's), and torch specialises on the
-    method's and optimizer's numbers (a trial with another λ or lr compiles anew), so dynamo's limit of
-    8 programs a code object is raised, and reaching it fails rather than falling back to eager unseen."""
+    Every program of every run shares one code object (pure_step's, or vmap's), and a process running many
+    trials of several methods keeps a program per method, phase and padded shape, so dynamo's limit of 8
+    programs a code object is raised, and reaching it fails rather than falling back to eager unseen."""
     torch._dynamo.config.recompile_limit = 1024
     torch._dynamo.config.accumulated_recompile_limit = 4096
     torch._dynamo.config.fail_on_recompile_limit_hit = True
