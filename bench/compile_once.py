@@ -9,11 +9,14 @@ Stages (`--stages`, default all):
 - host     the same setting, compiled, after its programs are made: microseconds per cohort step
            in the step loop outside the compiled call, the write-back and the batch gather among
            them, and the round's setup outside the loop (schedules, the chunk's copies) a step.
-- sweeps   wall time of the demo sweep (search_spaces/demo.yaml) on engine eager, compiled and
-           auto, each with a compile cache of its own, empty at the start; then a 16-trial,
-           50-round GPFL sweep on digits (the demo's space, stopping rules off) eager against
-           compiled.
-Usage: python bench/compile_once.py [--stages trials host sweeps] [--json FILE]
+- window   K = 4 steps per compiled call (a window of the schedule as input) against one, the whole
+           cohort active: compile seconds and µs a step, and after how many steps K repays its
+           longer compile (kept in the engine only if it does);
+- demo     wall time of the demo sweep (search_spaces/demo.yaml) on engine eager, compiled and
+           auto, each with a compile cache of its own, empty at the start;
+- long     a 16-trial, 50-round GPFL sweep on digits (the demo's space, stopping rules off),
+           eager against compiled, each from an empty compile cache.
+Usage: python bench/compile_once.py [--stages trials host window demo long] [--json FILE]
 """
 
 from __future__ import annotations
@@ -121,6 +124,51 @@ def stage_host(rounds: int = 5) -> dict:
     return out
 
 
+def stage_window(k: int = 4, steps: int = 8) -> dict:
+    """K steps per compiled call (a window of the schedule as the program's input) against one, on the small
+    setting's whole cohort of 20 clients, every client active: compile seconds, and µs a step once compiled."""
+    import torch
+    from torch.func import vmap
+
+    import tuner.executors as ex
+    from tuner.config import RunConfig
+    from tuner.run import build_simulation
+
+    sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": 2, **TRIALS[0]}))
+    executor, phase = sim.executor, sim.method.phases()[0]
+    state = {k: v.clone() for k, v in sim.clients.items()}
+    keys = executor._trainable(phase, state)
+    params, rest = {k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys}
+    opt_state = phase.optimizer.init(params)
+    one = ex.pure_step(vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"), phase, sim.method.net.is_buffer)
+    n, batch = len(sim.data.train.counts), sim.method.training.batch_size
+    index = torch.stack([torch.arange(batch * steps).view(steps, batch) + sim.data.train.offsets[i] for i in range(n)])  # (clients, steps, batch)
+    active = torch.ones(n, dtype=torch.bool)
+
+    def window(params, opt_state, rest, server, xs, ys, active):  # xs: (clients, k, batch, ...)
+        return sum(one(params, opt_state, rest, sim.server, xs[:, j], ys[:, j], active) for j in range(xs.shape[1]))
+
+    out = {}
+    for size, fn in ((1, one), (k, window)):
+        program = ex.compile_program(fn, sim.data.train.y.device)
+        calls = [index[:, t : t + size] for t in range(0, steps, size)]
+        data = [(sim.data.decode(sim.data.train.x[c]), sim.data.train.y[c]) for c in calls]
+        args = lambda x, y: (params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active)  # noqa: E731
+        t0 = time.perf_counter()
+        program(*args(*data[0]))
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(3):
+            for x, y in data:
+                program(*args(x, y))
+        out[f"K={size}"] = {"compile s": compile_s, "us/step": 1e6 * (time.perf_counter() - t0) / (3 * steps)}
+    one_s, many = out["K=1"], out[f"K={k}"]
+    out["repaid after steps"] = (many["compile s"] - one_s["compile s"]) / max(1e-9, (one_s["us/step"] - many["us/step"]) * 1e-6)
+    print(f"  K=1: compile {one_s['compile s']:.1f} s, {one_s['us/step']:.0f} µs a step; K={k}: compile {many['compile s']:.1f} s, "
+          f"{many['us/step']:.0f} µs a step" + (f"; repaid after {out['repaid after steps']:.0f} steps" if many["us/step"] < one_s["us/step"] else "; never repaid"), flush=True)  # fmt: skip
+    return out
+
+
 def sweep_seconds(storage: Path, name: str, *args: str) -> float:
     t0 = time.perf_counter()
     cmd = [str(ROOT / ".venv" / "bin" / "tuner"), "sweep", "gpfl", "--space", "search_spaces/demo.yaml", "--name", name, "--storage", str(storage), *args]
@@ -128,26 +176,32 @@ def sweep_seconds(storage: Path, name: str, *args: str) -> float:
     return time.perf_counter() - t0
 
 
-def stage_sweeps() -> dict:
+def stage_demo() -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for engine in ("eager", "compiled", "auto"):
             cache = Path(tmp) / f"cache-{engine}"
             out[f"demo {engine} s"] = sweep_seconds(Path(tmp), f"demo-{engine}", "--set", f"engine={engine}", "--compile-cache", str(cache))
             print(f"  demo sweep, engine {engine}: {out[f'demo {engine} s']:.0f} s", flush=True)
-        for engine in ("eager", "compiled"):
-            cache = Path(tmp) / f"cache-long-{engine}"
-            long = ["--samples", "16", "--set", "rounds=50", "--grace", "50", "--patience", "50", "--set", f"engine={engine}", "--compile-cache", str(cache)]
-            out[f"16x50 {engine} s"] = sweep_seconds(Path(tmp), f"long-{engine}", *long)
-            print(f"  16 trials x 50 rounds, engine {engine}: {out[f'16x50 {engine} s']:.0f} s", flush=True)
-    better = min(out["demo eager s"], out["demo compiled s"])
-    out["demo auto / better"] = out["demo auto s"] / better
-    out["16x50 compiled / eager"] = out["16x50 compiled s"] / out["16x50 eager s"]
-    print(f"  demo: auto / the better engine {out['demo auto / better']:.2f}; 16x50: compiled / eager {out['16x50 compiled / eager']:.2f}", flush=True)
+    out["demo auto / better"] = out["demo auto s"] / min(out["demo eager s"], out["demo compiled s"])
+    print(f"  demo: auto / the better engine {out['demo auto / better']:.2f}", flush=True)
     return out
 
 
-STAGES = {"trials": stage_trials, "host": stage_host, "sweeps": stage_sweeps}
+def stage_long() -> dict:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in ("eager", "compiled"):
+            cache = Path(tmp) / f"cache-{engine}"
+            long = ["--samples", "16", "--set", "rounds=50", "--grace", "50", "--patience", "50", "--set", f"engine={engine}", "--compile-cache", str(cache)]
+            out[f"16x50 {engine} s"] = sweep_seconds(Path(tmp), f"long-{engine}", *long)
+            print(f"  16 trials x 50 rounds, engine {engine}: {out[f'16x50 {engine} s']:.0f} s", flush=True)
+    out["16x50 compiled / eager"] = out["16x50 compiled s"] / out["16x50 eager s"]
+    print(f"  16x50: compiled / eager {out['16x50 compiled / eager']:.2f}", flush=True)
+    return out
+
+
+STAGES = {"trials": stage_trials, "host": stage_host, "window": stage_window, "demo": stage_demo, "long": stage_long}
 
 
 def main() -> None:
