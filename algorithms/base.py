@@ -271,8 +271,8 @@ TRAINING_INPUTS = ("lr", "momentum", "weight_decay")  # the run's numbers that a
 def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dtype) -> None:
     """Every float hyperparameter of the method (its Hparams' float fields, and the run's lr, momentum and
     weight decay) becomes a 0-dim tensor of the run's float type on its device, so a compiled program reads
-    it as an input, never as a constant: one program serves every trial of a sweep (docs/engine.md, "What
-    recompiles"). A zero stays the number 0.0: a term switched off is a program of its own (is_on), and a
+    it as an input, never as a constant: one program serves every trial of a sweep
+    (docs/engine.md, "What recompiles"). A zero stays the number 0.0: a term switched off is a program of its own (is_on), and a
     method may branch on it. Ints, bools and strings (epochs, k, switches) stay static. The engine calls
     this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it."""
 

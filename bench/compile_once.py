@@ -142,7 +142,8 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
     opt_state = phase.optimizer.init(params)
     one = ex.pure_step(vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"), phase, sim.method.net.is_buffer)
     n, batch = len(sim.data.train.counts), sim.method.training.batch_size
-    index = torch.stack([torch.arange(batch * steps).view(steps, batch) + sim.data.train.offsets[i] for i in range(n)])  # (clients, steps, batch)
+    counts, offsets = sim.data.train.counts, sim.data.train.offsets
+    index = torch.stack([(torch.arange(batch * steps) % counts[i]).view(steps, batch) + offsets[i] for i in range(n)])  # (clients, steps, batch)
     active = torch.ones(n, dtype=torch.bool)
 
     def window(params, opt_state, rest, server, xs, ys, active):  # xs: (clients, k, batch, ...)

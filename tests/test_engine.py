@@ -209,12 +209,23 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
 def test_engine_auto_compiles_on_a_gpu_and_for_runs_long_enough_to_repay_it_on_a_cpu_and_is_recorded_resolved():
     from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
 
-    assert auto_engine("cuda", 1) == auto_engine("cuda:1", 10) == "compiled"
-    assert auto_engine("cpu", CPU_COMPILE_ROUNDS - 1) == "eager" and auto_engine("cpu", CPU_COMPILE_ROUNDS) == "compiled"
+    assert auto_engine("cuda", 1, "mlp") == auto_engine("cuda:1", 10, "cnn4") == "compiled"
+    mlp = CPU_COMPILE_ROUNDS["mlp"]
+    assert auto_engine("cpu", mlp - 1, "mlp") == "eager" and auto_engine("cpu", mlp, "mlp") == "compiled"
     cfg = RunConfig(method="fedavg", dataset="digits", rounds=20).resolved()
     assert cfg.engine == "eager" and "engine: eager" in cfg.to_yaml()  # config.yaml says what ran
     assert RunConfig(method="fedavg", dataset="digits", rounds=2000).resolved().engine == "compiled"
+    assert RunConfig(method="fedavg", dataset="fmnist", backbone="cnn4", rounds=100).resolved().engine == "compiled"  # a cnn4 round repays it sooner
     assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
+
+
+def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_stay_static():
+    sim = build_simulation(digits("gpfl", dtype="float64", hparams=dict(lam=0.0, mu=0.3)))
+    hp, training = sim.method.hp, sim.method.training
+    assert isinstance(hp.mu, torch.Tensor) and hp.mu.dtype == torch.float64 and hp.mu.dim() == 0 and hp.mu.item() == 0.3
+    assert hp.lam == 0.0 and type(hp.lam) is float and hp.pci is True  # zero switches L_mlg off statically
+    assert isinstance(training.lr, torch.Tensor) and training.lr.item() == 0.05 and training.momentum == 0.0
+    assert type(training.batch_size) is int and type(training.rounds) is int
 
 
 def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_with_one_line(monkeypatch, capsys):

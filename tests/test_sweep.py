@@ -100,7 +100,6 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert reused, [t["rows"][0]["pid"] for t in by_start]
     assert [r["acc"] for r in reused[0]["rows"]] == fresh_accuracies(experiment["settings"], reused[0]["params"])
     assert experiment["stage"] == "search" and experiment["settings"]["method"] == "fedavg"
-    assert experiment["settings"]["engine"] == "eager"  # auto, decided for the workers' trials: 3 rounds, too few to compile
     summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
     best_lr = summary["best_config"]["lr"]
     # One trial is best by validation (the earlier round of equals) for the console, Optuna's study and the report.
@@ -464,16 +463,14 @@ def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_f
     assert trial_resources(Resources())["gpu"] == 0
 
 
-def test_a_sweep_on_auto_compiles_when_a_workers_trials_together_repay_it():
-    from tuner.config import CPU_COMPILE_ROUNDS
-    from tuner.sweep import sweep_engine
+def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
+    from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
+    from tuner.sweep import worker_rounds
 
-    cpu = {"cpu": 1, "gpu": 0}
-    two_cores = {"CPU": 2}
-    assert sweep_engine({}, cpu, 8, 15, None, two_cores) == "eager"  # the demo: 4 trials of 15 rounds a worker
-    assert sweep_engine({}, cpu, 16, 50, None, two_cores) == "compiled"  # 8 trials of 50 rounds a worker
-    assert sweep_engine({}, cpu, 16, 50, 16, {"CPU": 16}) == "eager"  # one trial a worker: 50 rounds
-    assert sweep_engine({}, cpu, 2, CPU_COMPILE_ROUNDS, None, two_cores) == "compiled"
-    gpu = {"cpu": 1, "gpu": 0.5}
-    assert sweep_engine({}, gpu, 1, 5, None, {"CPU": 16, "GPU": 1}) == "compiled"
-    assert sweep_engine({"device": "cpu"}, gpu, 1, 5, None, {"CPU": 16, "GPU": 1}) == "eager"  # its settings keep it on the CPU
+    cpu, two_cores = {"cpu": 1, "gpu": 0}, {"CPU": 2}
+    assert worker_rounds(cpu, 8, 15, None, two_cores) == 60  # the demo: 4 trials of 15 rounds a worker
+    assert worker_rounds(cpu, 16, 50, None, two_cores) == 400
+    assert worker_rounds(cpu, 16, 50, 16, {"CPU": 16}) == worker_rounds(cpu, 16, 50, 1, two_cores) / 16 == 50
+    assert worker_rounds({"cpu": 1, "gpu": 0.5}, 8, 10, None, {"CPU": 16, "GPU": 1}) == 40  # two trials a GPU
+    assert auto_engine("cpu", 60, "mlp") == "eager" and auto_engine("cpu", 400, "mlp") == "compiled"
+    assert auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4") == "compiled" and auto_engine("cpu", 60, "a_users_backbone") == "eager"

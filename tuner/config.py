@@ -52,20 +52,22 @@ def auto_executor(device: str, batch_size: int) -> str:
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
 
 
-# Rounds on a CPU from which compiling repays itself, measured in the small setting (GPFL, digits, 20 clients
-# of dir:0.1, batch 10; bench/compile_once.py; docs/performance.md, "Compiling once"):
-# the first trial compiles in 72 s from an empty cache and 10 s from a warm one, and a vectorized round then
-# takes 0.067 s against eager's 0.262 (sequential: 0.10 against 0.61). Cold, compiled wins after 370 rounds
-# (vectorized) or 145 (sequential); warm, after 51 or 20. 350: the cold vectorized figure, rounded down.
-CPU_COMPILE_ROUNDS = 350
+# Rounds on a CPU from which compiling repays itself (bench/compile_once.py, bench/engine_speed.py; docs/performance.md,
+# "Compiling once"): compiling costs about the same everywhere (72-110 s cold on the 2-core machine), but what a
+# round saves depends on how much of it is small operations. The small setting (GPFL, digits, mlp, 20 clients of
+# dir:0.1, batch 10) saves 0.195 s of 0.262 a round: 370 rounds cold (51 warm); Table 1's (cnn4, Fashion-MNIST)
+# saves 2.0 of FedAvg's 24.1 s (35 rounds) and 23.4 of GPFL's 48.8 (5). Unmeasured backbones take the largest.
+CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
 
 
-def auto_engine(device: str, rounds: int) -> str:
+def auto_engine(device: str, rounds: int, backbone: str) -> str:
     """Compiled where the rounds that will run its programs repay compiling them, eager elsewhere. `rounds`: a
     run's own, or, in a sweep, those of all the trials one worker runs (they share its programs). On a GPU a step
     of small batches is launch overhead that one captured program removes, so compiled from the first round; on
-    a CPU from CPU_COMPILE_ROUNDS on (docs/performance.md, "Compiling once")."""
-    return "compiled" if device.startswith("cuda") or rounds >= CPU_COMPILE_ROUNDS else "eager"
+    a CPU from the backbone's measured break-even (CPU_COMPILE_ROUNDS; docs/performance.md, "Compiling once")."""
+    if device.startswith("cuda"):
+        return "compiled"
+    return "compiled" if rounds >= CPU_COMPILE_ROUNDS.get(backbone, max(CPU_COMPILE_ROUNDS.values())) else "eager"
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,8 @@ class RunConfig:
         hp = {**asdict(method.Hparams()), **paper_hp, **method.fixed, **self.hparams}
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
-        engine = auto_engine(device, self.rounds) if self.engine == "auto" else self.engine
         run["backbone"] = canonical(run["backbone"])
+        engine = auto_engine(device, self.rounds, run["backbone"]) if self.engine == "auto" else self.engine
         run["normalize"] = self._normalization(dataset, run["normalize"])
         out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,
                       engine=engine, hparams=hp)._checked()  # fmt: skip
@@ -269,11 +271,16 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
 TRIAL_RETRIES = 2
 
 
-def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
-    """A Tune trial's RunConfig: its stage's fixed settings (with the method), then its grouped values (a dict:
-    a table cell, a seed with its partition seed), then its single sampled values."""
+def trial_settings(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A Tune trial's settings: its stage's fixed settings (with the method), then its grouped values (a dict: a
+    table cell, a seed with its partition seed), then its single sampled values."""
     groups = [v for v in params.values() if isinstance(v, dict)]
-    settings = {**base, **{k: v for g in groups for k, v in g.items()}, **{k: v for k, v in params.items() if not isinstance(v, dict)}}
+    return {**base, **{k: v for g in groups for k, v in g.items()}, **{k: v for k, v in params.items() if not isinstance(v, dict)}}
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
+    """A Tune trial's RunConfig, resolved (trial_settings)."""
+    settings = trial_settings(base, params)
     method = settings.pop("method")
     return apply_settings(RunConfig(method=method), settings, "trial").resolved()
 

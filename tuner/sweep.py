@@ -21,7 +21,7 @@ import socket
 import tempfile
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.config import TRIAL_RETRIES, apply_settings, auto_engine, trial_config, user_path
+from tuner.config import TRIAL_RETRIES, apply_settings, auto_engine, trial_config, trial_settings, user_path
 from tuner.run import FIGURES, SCORE, score, selection
 from tuner.errors import DivergedError, Interrupted, OutOfMemory, UserError
 from tuner.files import ensure_writable, unwritable_reason, write_atomic, write_text_atomic
@@ -48,10 +48,11 @@ COMPILE_CACHE = ".compile-cache"  # beside the sweeps of one storage, so later s
 
 
 # --- one trial
-def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str) -> None:
+def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str, worker_rounds: int) -> None:
     """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole.
     Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
-    read back instead of compiling again); a trial in a reused worker finds them in memory."""
+    read back instead of compiling again); a trial in a reused worker finds them in memory, so engine `auto`
+    weighs compiling against the `worker_rounds` its worker runs, not the trial's own."""
     import ray
     import torch
 
@@ -63,6 +64,8 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     gpus = ray.get_gpu_ids()
     if cfg.device == "auto":  # the trial's share of the cluster decides, not what the node happens to have
         cfg = apply_settings(cfg, {"device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}, "trial")
+    if trial_settings(base, config).get("engine", "auto") == "auto":
+        cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))
     sim = build_simulation(cfg)
@@ -384,15 +387,12 @@ def trial_resources(res: Resources) -> dict[str, float]:
     return {"cpu": res.cpus_per_trial, "gpu": gpus}
 
 
-def sweep_engine(base: dict[str, Any], request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict) -> str:
-    """auto_engine's choice for a stage's trials: a trial on a GPU share runs on CUDA (unless its settings say
-    cpu), and the rounds that a worker's programs serve are its share of the trials' (Tune reuses workers)."""
+def worker_rounds(request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict) -> int:
+    """The rounds one worker runs in a stage: its share of the trials (Tune reuses workers, and their programs)."""
     workers = int(cluster.get("CPU", 1) // request["cpu"])
     if request["gpu"]:
         workers = min(workers, int(cluster.get("GPU", 0) // request["gpu"]))
-    workers = max(1, min(workers, max_concurrent or workers, trials))
-    on_gpu = request["gpu"] > 0 and str(base.get("device", "auto")).startswith(("auto", "cuda"))
-    return auto_engine("cuda" if on_gpu else "cpu", rounds * math.ceil(trials / workers))
+    return rounds * math.ceil(trials / max(1, min(workers, max_concurrent or workers, trials)))
 
 
 def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
@@ -413,11 +413,10 @@ def run_stage(
     path = sweep_dir / stage
     request = trial_resources(res)
     check_fits(request)
-    if base.get("engine", "auto") == "auto":  # a worker runs several trials with the same programs: decide for them all
-        trials = samples if expected is None else expected
-        base = {**base, "engine": sweep_engine(base, request, trials, rounds, res.max_concurrent, ray.cluster_resources())}
     cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
-    trainable = tune.with_resources(tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache), request)
+    shared_rounds = worker_rounds(request, samples if expected is None else expected, rounds, res.max_concurrent, ray.cluster_resources())
+    trainable = tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache, worker_rounds=shared_rounds)
+    trainable = tune.with_resources(trainable, request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
         drop_damaged_errors(path)
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
