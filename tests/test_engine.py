@@ -228,25 +228,30 @@ def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_sta
     assert type(training.batch_size) is int and type(training.rounds) is int
 
 
-def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_with_one_line(monkeypatch, capsys):
+@pytest.mark.parametrize("method", ["gpfl", "fedrep"])  # the first program to fail: a statistics pass's, a training step's
+def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_with_one_line(method, monkeypatch, capsys):
     from torch._dynamo.exc import TorchDynamoException
 
     import tuner.executors
 
+    attempts = []
+
     def no_compiler(fn, device):
         def fails(*args):
+            attempts.append(fn)
             raise TorchDynamoException("no working C++ compiler")
 
         return fails
 
     monkeypatch.setattr(tuner.executors, "compile_program", no_compiler)
-    cfg = digits("gpfl", dtype="float64", executor="vectorized")
+    cfg = digits(method, dtype="float64", executor="vectorized")
     sim, rows = run_rounds(replace(cfg, engine="compiled"), 2)
     reference, reference_rows = run_rounds(replace(cfg, engine="eager"), 2)
     assert_equal_states(reference, sim)
     assert [r["acc"] for r in rows] == [r["acc"] for r in reference_rows]
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert lines == ["Compiling GPFL's steps failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]
+    assert lines == [f"Compiling {type(sim.method).__name__}'s steps failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]
+    assert len(attempts) == 1  # never tried again
 
 
 def test_deterministic_algorithms_follow_each_runs_setting():

@@ -102,6 +102,7 @@ class CompiledStep:
 
     def __init__(self, program: Callable, pad: bool, fallback: Callable):
         self.program, self.pad, self.fallback = program, pad, fallback
+        self.eager: Callable | None = None  # the step that took over after a failed compile
         self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
 
     def rows(self, active: int, total: int) -> int:
@@ -112,12 +113,14 @@ class CompiledStep:
         key = (rows, active, y.device)
         if key not in self.masks:
             self.masks[key] = torch.arange(rows, device=y.device) < active
-        try:
-            return self.program(params, opt_state, rest, server, x, y, self.masks[key])
-        except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
-            head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
-            loss = self.fallback(e)(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
-            return torch.cat([loss, loss.new_zeros(rows - active)])
+        if self.eager is None:
+            try:
+                return self.program(params, opt_state, rest, server, x, y, self.masks[key])
+            except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
+                self.eager = self.fallback(e)
+        head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
+        loss = self.eager(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
+        return torch.cat([loss, loss.new_zeros(rows - active)])
 
 
 def padded_rows(active: int, total: int) -> int:
@@ -345,12 +348,13 @@ class Executor:
         program, shapes = self.summing[hook], self.summing_shapes.setdefault(hook, set())
 
         def summed(state, server, x, y, w):
-            shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))  # one program each: (clients, samples), or one client's
-            try:
-                return program(state, server, x, y, w)
-            except compile_errors() as e:
-                self.compile_failed(e)
-                return mapped(state, server, x, y, w)
+            if self.settings.engine == "compiled":  # until a program fails to compile
+                shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))  # one program each: (clients, samples), or one client's
+                try:
+                    return program(state, server, x, y, w)
+                except compile_errors() as e:
+                    self.compile_failed(e)
+            return mapped(state, server, x, y, w)
 
         return summed, self.pads
 
