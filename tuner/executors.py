@@ -8,8 +8,9 @@ in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addr
 A training step and an evaluation batch run one of two ways (`engine`): `eager`, the reference,
 updates the active prefix in place; `compiled` runs the whole step (forward, backward, the
 optimizer's update written into the chunk) or the whole evaluation batch as one torch.compile'd
-program of fixed shapes, the active clients padded to a power of two (so a run compiles at most
-log2(cohort) + 1 programs a phase, and none twice) with the padded rows left as they were; on CUDA
+program of fixed shapes: a step's active clients padded to a power of two (so a run compiles at most
+log2(cohort) + 1 programs a phase, and none twice) with the padded rows left as they were, an
+evaluation batch over the whole chunk (clients past their last sample weigh 0); on CUDA
 as CUDA graphs (mode reduce-overhead). The method's and the run's floats are inputs of the programs
 (algorithms.base.hyperparameter_inputs), so a sweep's next trial compiles nothing. Both engines give
 the same numbers (tests hold them equal in float64); a program that cannot be compiled leaves the
@@ -238,7 +239,7 @@ class Executor:
             self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, fallback)
         return self.compiled[key]
 
-    pads: bool = True  # compiled programs run the active clients padded to a power of two (else one client's shape)
+    pads: bool = True  # compiled programs run a stack of clients, padded (else one client's shape)
 
     def compile(self, grad: Callable, phase: Phase) -> Callable:
         raise NotImplementedError
@@ -337,9 +338,10 @@ class Executor:
             chunk_loss[:rows] += loss.detach()  # no host sync per step
 
     def summer(self, fn: Callable, hook: str, at: Round) -> tuple[Callable, bool]:
-        """fn mapped over a stack of clients for sum_over, and whether its rows are padded to a power of two:
-        on the compiled engine one program per hook, kept for the run (a program that cannot be compiled
-        hands the run to eager)."""
+        """fn mapped over a stack of clients for sum_over, and whether it runs the whole chunk at every batch: on
+        the compiled engine one program per hook and batch shape, kept for the run (an evaluation is one forward
+        pass, so padding costs less than compiling a program per number of active clients would; a program that
+        cannot be compiled hands the run to eager)."""
         mapped = self.mapped(fn, (0, None, 0, 0, 0), hook, at)
         if self.settings.engine == "eager":
             return mapped, False
@@ -385,7 +387,7 @@ class Executor:
             total: State = {}
             for b, start in enumerate(starts):
                 a = max(1, sum(1 for c in counts if c > start))
-                n = padded_rows(a, len(rows)) if pad else a  # padded rows are clients past their last sample: w = 0
+                n = len(rows) if pad else a  # compiled: the whole chunk, one program a split; a client past its last sample has w = 0
                 index, mask = split.padded_index(clients[:n], start, width)
                 batch_state = {k: v[:n, b] if k == DRAW_KEY else v[:n] for k, v in state.items()}
                 part_out = summed(batch_state, server, self.data.decode(split.x[index]), split.y[index], mask.to(float_type(states)))
