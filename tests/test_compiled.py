@@ -10,7 +10,6 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from tuner.models import BACKBONES
-from tuner.run import build_simulation
 
 from simulations import assert_equal_states, exact_config, reference_run, run_rounds
 from test_engine import tiny_batchnorm

@@ -65,7 +65,7 @@ def test_a_report_skips_a_damaged_file_says_which_and_reports_the_rest(two_runs,
 
 
 def test_a_sweep_trial_whose_last_line_was_cut_keeps_its_rows(tmp_path):
-    from tuner.report import _trial_rows
+    from tuner.report.runs import _trial_rows
 
     result = tmp_path / "result.json"
     result.write_text('{"round": 1, "acc": 0.5}\n{"round": 2, "acc": 0.6}\n{"round": 3, "ac')
@@ -151,7 +151,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
 
     from simulations import digits
     from tuner.run import build_simulation
-    from tuner.sweep import CHECKPOINT_FILE, restore
+    from tuner.sweep.trainable import CHECKPOINT_FILE, restore
 
     sim = build_simulation(digits("fedavg", rounds=3))
     for name in ("checkpoint_000000", "checkpoint_000001"):

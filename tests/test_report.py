@@ -208,7 +208,8 @@ def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed
     from pathlib import Path
 
     from tuner.papers import load_tables
-    from tuner.report import find_runs, paper_cell, paper_tables, summarize
+    from tuner.report.runs import find_runs, summarize
+    from tuner.report.tables import paper_cell, paper_tables
 
     root = Path(__file__).resolve().parents[1]
     runs, _ = find_runs([root / "results" / "reproduction"])
@@ -231,7 +232,8 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
     from pathlib import Path
 
     from tuner.papers import load_tables
-    from tuner.report import find_runs, paper_cell, paper_tables, summarize
+    from tuner.report.runs import find_runs, summarize
+    from tuner.report.tables import paper_cell, paper_tables
 
     root = Path(__file__).resolve().parents[1]
 
@@ -258,7 +260,7 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
 
 
 def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_points_within_one():
-    from tuner.report import agreement, agreement_line
+    from tuner.report.tables import agreement, agreement_line
 
     t = pd.DataFrame({"paper": "FedPAC", "table": "Table1", "column": "FMNIST dominant_s20", "method": list("abcde"),
                       "ours_mean": [90.0, 85.0, 88.0, 70.0, 80.0], "paper_mean": [91.0, 86.5, 86.0, float("nan"), 79.0],

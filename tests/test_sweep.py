@@ -16,8 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.run import score
-from tuner.sweep import Patience, RoundBudget, _score, asha, selection
+from tuner.selection import score, selection
+from tuner.selection import trial_score
+from tuner.sweep.stopping import Patience, RoundBudget, asha
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
@@ -172,7 +173,7 @@ def test_stopping_rules():
     tied = rows + [{"round": 4, "acc": 0.9, "val_acc": 0.7}]  # the same validation accuracy later: the earlier round stands
     assert selection(tied, "val")["best_round"] == 1 and score(0.7, 1) > score(0.7, 4) > score(0.699999, 1)
     old = {"best_val_acc": 0.7, "best_acc": 0.8, "best_round": 3}  # a trial's result from before scores were reported
-    assert _score(old, "val") == score(0.7, 3) and _score(old, "test") == score(0.8, 3) and _score({**old, "score": 0.5}, "val") == 0.5
+    assert trial_score(old, "val") == score(0.7, 3) and trial_score(old, "test") == score(0.8, 3) and trial_score({**old, "score": 0.5}, "val") == 0.5
 
 
 def _sweep_cmd(space, storage, *extra):
@@ -250,7 +251,7 @@ def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_befo
     # the sweep called it unfinished while its rows were whole.
     from types import SimpleNamespace
 
-    from tuner.sweep import SweepProgress, stage_counts
+    from tuner.sweep.console import SweepProgress, stage_counts
 
     stage_counts.update(early=0, failed=0, done=0)
     progress = SweepProgress(total=3, rounds=8, select="val")
@@ -276,7 +277,8 @@ PLACEMENT = textwrap.dedent("""
     import ray
     from ray.cluster_utils import Cluster
     from tuner.space import load_space
-    from tuner.sweep import Resources, sweep
+    from tuner.sweep.cluster import Resources
+    from tuner.sweep.stages import sweep
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     workers = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
@@ -401,7 +403,7 @@ def test_storage_failing_mid_sweep_is_one_sentence(tmp_path, ray_local, monkeypa
 @pytest.fixture
 def small_disk(tmp_path):
     """A file system of its own, 1.5 MiB beyond the sweep's reserve: it fills during the first trial."""
-    from tuner.sweep import STORAGE_RESERVE
+    from tuner.sweep.stages import STORAGE_RESERVE
 
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -438,7 +440,7 @@ def test_a_storage_that_fills_stops_the_sweep_in_one_sentence_and_resume_finishe
 def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
     import pickle
 
-    from tuner.sweep import drop_damaged_errors
+    from tuner.sweep.stages import drop_damaged_errors
 
     cut, whole = tmp_path / "trial_a" / "error.pkl", tmp_path / "trial_b" / "error.pkl"
     for f in (cut, whole):
@@ -454,7 +456,7 @@ def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
 def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_for_otherwise(monkeypatch):
     import ray
 
-    from tuner.sweep import TRIALS_PER_GPU, Resources, trial_resources
+    from tuner.sweep.cluster import TRIALS_PER_GPU, Resources, trial_resources
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16, "GPU": 1})
     assert trial_resources(Resources()) == {"cpu": 1, "gpu": 1 / TRIALS_PER_GPU} and TRIALS_PER_GPU == 2
@@ -465,7 +467,7 @@ def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_f
 
 def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
     from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
-    from tuner.sweep import worker_rounds
+    from tuner.sweep.cluster import worker_rounds
 
     cpu, two_cores = {"cpu": 1, "gpu": 0}, {"CPU": 2}
     assert worker_rounds(cpu, 8, 15, None, two_cores) == 60  # the demo: 4 trials of 15 rounds a worker

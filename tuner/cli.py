@@ -183,8 +183,8 @@ def sweep(
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
     from tuner.space import load_space
-    from tuner.sweep import Resources
-    from tuner.sweep import sweep as run_sweep
+    from tuner.sweep.cluster import Resources
+    from tuner.sweep.stages import sweep as run_sweep
 
     overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds}
     sp = load_space(space, method, overrides, parse_set(set_))
@@ -229,9 +229,9 @@ def reproduce(
     verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
 ):
     """Run every cell of a paper's table that the local data allows, with several seeds, then print the table."""
-    from tuner.report import report as build_report
+    from tuner.report.write import report as build_report
     from tuner.reproduce import reproduce as run_reproduction
-    from tuner.sweep import Resources
+    from tuner.sweep.cluster import Resources
 
     at_least("--seeds", seeds, 1)
     at_least("--rounds", rounds, 1)
@@ -258,7 +258,7 @@ def report(
     select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round [default: each run's own rule: its sweep's select, else test]."),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
-    from tuner.report import report as build_report
+    from tuner.report.write import report as build_report
 
     result = build_report(results, out, select)
     for line in result["unreadable"]:
@@ -298,7 +298,7 @@ def _print_best(best) -> None:
 
 def _print_tables(tables) -> None:
     """Each paper table, only the columns and methods we ran, beside the published numbers."""
-    from tuner.report import agreement, agreement_line, wide_table
+    from tuner.report.tables import agreement, agreement_line, wide_table
 
     if tables.empty:
         return

@@ -67,7 +67,8 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     """Run every runnable cell of `table` with `seeds` seeds; returns the experiment's directory and what was left out."""
     from ray import tune
 
-    from tuner.sweep import run_stage, seed_grid, stoppers
+    from tuner.sweep.stages import run_stage, seed_grid
+    from tuner.sweep.stopping import stoppers
 
     settings = absolute_settings(settings or {})
     todo, skipped = cells(table, datasets, methods, settings.get("data_dir"))

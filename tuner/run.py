@@ -7,7 +7,6 @@ rounds and at the end), so a stopped run resumes exactly and a diverging one kee
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -115,34 +114,6 @@ def _decoding_to(dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tens
         return out.to(dtype) if out.is_floating_point() else out
 
     return decoded
-
-
-FIGURES = {"val": "best_val_acc", "test": "best_acc"}  # each rule's selecting figure, best so far
-SCORE = "score"  # what ASHA, patience's peers, Optuna's study, the console and `tuner report` rank runs by
-
-
-def score(figure: float, at_round: int) -> float:
-    """One number that orders runs by the selection rule: the selecting figure (to six decimals, finer than any
-    accuracy a test set resolves), less 1e-12 a round, so of two equal figures the one reached earlier ranks first.
-    One float, so Optuna's study, which ranks by its value alone, picks the trial the console and the report pick."""
-    return round(figure, 6) - 1e-12 * at_round
-
-
-def selection(history: list[dict], select: str) -> dict[str, float]:
-    """Best-so-far figures of a run's rows. The selecting figure, validation accuracy (`select: val`) or test
-    accuracy (`select: test`, the papers' convention), chooses the round (the earliest of equals); the selected
-    accuracy is the test accuracy there. Rounds without evaluation are skipped."""
-    scored = lambda key: [h for h in history if h.get(key) is not None and not math.isnan(h[key])]  # noqa: E731
-    evals, vals = scored("acc"), scored("val_acc")
-    best_val = max(vals, key=lambda h: h["val_acc"], default=None)  # max keeps the first of equals: the earliest round
-    out = {"best_acc": max((h["acc"] for h in evals), default=math.nan), "selected_acc": math.nan, "best_round": math.nan,
-           "best_val_acc": best_val["val_acc"] if best_val else math.nan, "best_val_round": best_val["round"] if best_val else math.nan,
-           SCORE: math.nan}  # fmt: skip
-    figure = "acc" if select == "test" else "val_acc"
-    chosen = max(evals if select == "test" else vals, key=lambda h: h[figure], default=None)
-    if chosen is not None and chosen.get("acc") is not None and not math.isnan(chosen["acc"]):
-        out |= {"selected_acc": chosen["acc"], "best_round": chosen["round"], SCORE: score(chosen[figure], chosen["round"])}
-    return out
 
 
 class RunDir:

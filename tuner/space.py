@@ -30,7 +30,7 @@ import optuna
 from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping, resolve_layers
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
-from tuner.run import FIGURES
+from tuner.selection import FIGURES
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
 SAMPLERS = {

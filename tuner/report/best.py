@@ -1,0 +1,54 @@
+"""Each sweep's best configuration: trials run, failed and stopped early, the best trial's searched values
+and figures (the selection rule's choice), and the mean ± std of its seed reruns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from tuner.config import RunConfig
+from tuner.report.runs import best_run
+from tuner.selection import SCORE
+
+
+def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
+    """One row per sweep: trials run, failed and stopped early, the best trial's searched values and
+    figures, and the mean ± std of its seed reruns where the sweep made them."""
+    out = []
+    search = summaries[summaries["stage"] == "search"]
+    for experiment, trials in search.groupby("experiment", sort=True):
+        sweep_dir = Path(experiment).parent
+        scored = trials[trials[SCORE].notna()]
+        row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
+               "failed": int((trials["failed"] != "").sum()), "stopped_early": int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())}  # fmt: skip
+        if not scored.empty:
+            best = scored.loc[best_run(scored)]  # by the selection rule, as the sweep's console chose
+            cfg = runs[best.name]["config"]
+            row |= {"selected_by": best["selected_by"], "val_acc": best["val_acc"], "val_round": best["val_round"],
+                    "selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
+                    "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"])}  # fmt: skip
+        seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]["selected_acc"].dropna()
+        if len(seeds):
+            row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def best_markdown(best: pd.DataFrame) -> str:
+    shown = best.drop(columns=["path"]).copy()
+    for col in ("val_acc", "selected_acc", "seeds_mean", "seeds_std"):
+        if col in shown:
+            shown[col] = (100 * shown[col]).round(2)
+    return shown.to_markdown(index=False)
+
+
+
+def setting_value(cfg: RunConfig, name: str):
+    """A searched name's value in a run: a hyperparameter of its method or a run setting."""
+    return cfg.hparams[name] if name in cfg.hparams else getattr(cfg, name)
+

@@ -1,0 +1,154 @@
+"""The runs under the given paths, and one summary row each.
+
+Runs are `tuner run` directories (config.yaml + metrics.parquet) and the trials of the Ray Tune experiments
+of `tuner sweep` / `tuner reproduce` (experiment.yaml + trial folders). A file that cannot be read is one line
+of the report, never its end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
+from tuner.errors import UserError
+from tuner.plugins import method_title
+from tuner.run import RunDir
+from tuner.selection import SCORE, best_of, selection, started
+
+SELECTION = {"test": "best test round", "val": "test at the best validation round"}
+# Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
+NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
+FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
+
+
+UNREADABLE = (ValueError, OSError, KeyError, TypeError, yaml.YAMLError, UserError)  # damaged, truncated, or naming what is gone
+
+
+def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """Every run under `paths` (its stage, RunConfig and per-round rows), and one line for each file that
+    could not be read (truncated by a kill, a full disk, a method file that is gone): skipped, not fatal."""
+    runs, unreadable = [], []
+
+    def read(what: Path, load):
+        try:
+            return load()
+        except UNREADABLE as e:
+            unreadable.append(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            return None
+
+    for root in paths:
+        if not root.exists():
+            raise UserError(f"{root} does not exist; name a run directory, a sweep or a folder holding them.")
+        for config in sorted(root.rglob("config.yaml")):
+            run_dir = RunDir(config.parent)
+            if run_dir.metrics.exists():
+                run = read(run_dir.path, lambda: {"run": str(run_dir.path), "stage": "run", "experiment": "", "select": "test",
+                                                  "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})  # fmt: skip
+                runs += [run] if run else []
+        for experiment in sorted(root.rglob("experiment.yaml")):
+            info = read(experiment, lambda: _experiment_info(experiment))
+            for params in sorted(experiment.parent.glob("*/params.json")) if info else []:
+                run = read(params.parent, lambda: _trial(params, experiment, info))
+                runs += [run] if run else []
+    if not runs:
+        problem = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
+        raise UserError(f"No readable runs under {', '.join(map(str, paths))}{problem}; point at `tuner run` or `tuner sweep` results.")
+    return runs, unreadable
+
+
+def _experiment_info(path: Path) -> dict:
+    info = yaml.safe_load(path.read_text())
+    if not isinstance(info, dict) or "stage" not in info or "settings" not in info:
+        raise ValueError("not an experiment description written by tuner sweep")
+    return info
+
+
+def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
+    rows = _trial_rows(params.parent / "result.json")
+    sampled = json.loads(params.read_text())
+    config = trial_config(info["settings"], sampled)
+    finished = not rows.empty and rows["round"].max() >= config.rounds
+    failed = "" if finished else tune_failure(params.parent / "error.txt")
+    if rows.empty and not failed:  # not started yet
+        return None
+    return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
+            "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed}  # fmt: skip
+
+
+def tune_failure(error_txt: Path) -> str:
+    """Why Ray Tune gave up on a trial (its worker died more often than it is retried, or an error in its code):
+    the first sentence of its last failure; "" while it was retried from its checkpoint, or never failed."""
+    if not error_txt.exists():
+        return ""
+    failures = re.split(r"^Failure # \d+.*$", error_txt.read_text(), flags=re.M)[1:]
+    if len(failures) <= TRIAL_RETRIES:
+        return ""
+    messages = [line for line in failures[-1].splitlines() if line.strip() and not line[0].isspace() and not line.startswith("Traceback")]
+    last = messages[-1].split(". ")[0].rstrip(".") if messages else "no message"
+    return f"{len(failures)} failures, the last: {last}."
+
+
+def _trial_rows(result_json: Path) -> pd.DataFrame:
+    if not result_json.exists():
+        return pd.DataFrame()
+    lines = [line for line in result_json.read_text().splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in lines]
+    except json.JSONDecodeError:  # a kill mid-write cuts the last line: the rows before it stand
+        rows = [json.loads(line) for line in lines[:-1]]
+    df = pd.DataFrame(rows)
+    if df.empty or "round" not in df:
+        return pd.DataFrame()
+    return df.drop_duplicates("round", keep="last").sort_values("round").reset_index(drop=True)  # a resumed trial repeats rounds
+
+
+def config_key(cfg: RunConfig) -> str:
+    """Identifies a configuration across seeds."""
+    d = {k: v for k, v in asdict(cfg).items() if k not in NOT_CONFIGURATION}
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def summarize(run: dict, select: str | None) -> dict:
+    """One run's figures; `select` None: the run's own rule (its sweep's, else the papers' best test round)."""
+    cfg, rows = run["config"], run["rows"]
+    select = select or run["select"]
+    evals = rows[rows["acc"].notna()] if "acc" in rows else rows.iloc[0:0]
+    out = {
+        "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
+        "title": method_title(cfg.method), "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
+        "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
+        "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()) if len(rows) else 0,
+        "config_key": config_key(cfg), "failed": _failure(rows) or run.get("failed", ""), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        **{f"hp_{k}": v for k, v in cfg.hparams.items()},
+    }  # fmt: skip
+    chosen = selection(rows.to_dict("records"), select)
+    out |= {"val_acc": chosen["best_val_acc"], "val_round": chosen["best_val_round"], SCORE: chosen[SCORE]}  # what chose, under val
+    if math.isnan(chosen["selected_acc"]):
+        return out | {"best_acc": math.nan, "best_round": math.nan, "selected_acc": math.nan}
+    at = evals[evals["round"] == chosen["best_round"]].iloc[0]
+    return out | {
+        "best_acc": chosen["best_acc"], "best_round": int(chosen["best_round"]), "selected_acc": chosen["selected_acc"],
+        "acc_std": float(at.get("acc_std", math.nan)), "acc_cv": float(at.get("acc_cv", math.nan)),
+        "final_acc": float(evals["acc"].iloc[-1]), "final_round": int(evals["round"].iloc[-1]),
+    }  # fmt: skip
+
+
+def _failure(rows: pd.DataFrame) -> str:
+    """The failure its last row reports; one before it was retried past (out of memory once, then the rounds went on)."""
+    if "failed" not in rows or rows.empty or pd.isna(rows["failed"].iloc[-1]):
+        return ""
+    return str(rows["failed"].iloc[-1])
+
+
+
+def best_run(runs: pd.DataFrame):
+    """The label of the best of these summary rows by the selection rule (ties: the run that started first)."""
+    return best_of(runs.index, lambda i: runs.at[i, SCORE], lambda i: started(runs.at[i, "run"]))

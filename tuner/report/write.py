@@ -1,0 +1,51 @@
+"""The whole report of what was run, written into one folder: rounds.parquet, runs.parquet, the papers'
+tables (Parquet, Markdown, LaTeX) with their agreement, each sweep's best configuration, and figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from tuner import papers
+from tuner.errors import UserError
+from tuner.files import write_atomic, write_text_atomic
+from tuner.report.best import best_configs, best_markdown
+from tuner.report.plots import plot_curves, plot_sweeps
+from tuner.report.runs import SELECTION, find_runs, summarize
+from tuner.report.tables import agreement, paper_cell, paper_tables, render
+
+
+def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
+    """`select` None: each run by its own rule (its sweep's `select`; best test round for runs and reproductions)."""
+    if select not in (None, "test", "val"):
+        raise UserError(f"--select must be test or val, not {select!r}.")
+    runs, unreadable = find_runs(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
+    per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
+    summaries = pd.DataFrame([summarize(r, select) for r in runs])
+    summaries["cell"] = [paper_cell(r["config"]) for r in runs]
+    tables = paper_tables(summaries, papers.load_tables())
+    write_atomic(out / "rounds.parquet", lambda p: per_round.to_parquet(p, index=False))
+    write_atomic(out / "runs.parquet", lambda p: summaries.drop(columns="cell").to_parquet(p, index=False))
+    written = [out / "rounds.parquet", out / "runs.parquet"]
+    rules = sorted(set(summaries["selected_by"]))
+    note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
+    if not tables.empty:
+        write_atomic(out / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
+        write_atomic(out / "agreement.parquet", lambda p: agreement(tables).to_parquet(p, index=False))
+        write_text_atomic(out / "tables.md", note + render(tables, "markdown"))
+        write_text_atomic(out / "tables.tex", render(tables, "latex"))
+        written += [out / "tables.parquet", out / "agreement.parquet", out / "tables.md", out / "tables.tex"]
+    best = best_configs(runs, summaries)
+    if not best.empty:
+        write_atomic(out / "best.parquet", lambda p: best.to_parquet(p, index=False))
+        write_text_atomic(out / "best.md", note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
+        written += [out / "best.parquet", out / "best.md"]
+    written += plot_curves(runs, summaries, out) + plot_sweeps(runs, summaries, out)
+    missing = int(summaries["selected_acc"].isna().sum())
+    return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing, "unreadable": unreadable,
+            "tables": tables, "best": best, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
+
+

@@ -1,0 +1,110 @@
+"""Where trials run: what each asks for (checked before Ray starts, and against the cluster's nodes once
+connected), Ray started or joined, and how many trials share a worker, and so its compiled programs."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import UserError
+from tuner.sweep.console import quiet
+
+
+@dataclass
+class Resources:
+    cpus_per_trial: float = 1
+    gpus_per_trial: float | None = None  # None: 1 / TRIALS_PER_GPU when the cluster has GPUs, else 0
+    max_concurrent: int | None = None
+    address: str | None = None
+    verbose: bool = False
+    compile_cache: Path | None = None  # where trials keep compiled programs (torch's on-disk caches); None: beside the sweep
+
+
+
+def check_request(res: Resources) -> None:
+    """What a trial asks for, checked before Ray starts (Ray waits for ever on a request no node can meet)."""
+    if not res.cpus_per_trial > 0:
+        raise UserError(f"--cpus-per-trial must be positive, not {res.cpus_per_trial:g}.")
+    gpus = res.gpus_per_trial
+    if gpus is not None and (gpus < 0 or (gpus > 1 and not float(gpus).is_integer())):
+        raise UserError(f"--gpus-per-trial must be 0, a fraction of one GPU (0.5) or a whole number of GPUs, not {gpus:g}.")
+    if res.max_concurrent is not None and res.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, not {res.max_concurrent}.")
+
+
+def check_fits(request: dict[str, float]) -> None:
+    """A trial must fit on one node of the cluster (once connected): else it would never be placed."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if any(n.get("CPU", 0) >= request["cpu"] and n.get("GPU", 0) >= request["gpu"] for n in nodes):
+        return
+    largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    raise UserError(
+        f"No node of the Ray cluster has {request['cpu']:g} CPUs and {request['gpu']:g} GPUs for one trial (the largest has "
+        f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs); lower --cpus-per-trial or --gpus-per-trial."
+    )
+
+
+def start_ray(res: Resources) -> None:
+    import ray
+
+    quiet(res.verbose)
+    check_request(res)
+    _check_reachable(res.address)
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    try:
+        ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
+                 log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
+    except ConnectionError as e:
+        raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
+    if threading.current_thread() is threading.main_thread():  # after ray.init, which installs its own handler
+        signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+
+
+def _check_reachable(address: str | None) -> None:
+    """ray.init retries an unreachable head for minutes; a plain TCP connect says so in seconds."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or address, int(port or 6379)), timeout=5).close()
+    except (OSError, ValueError):
+        raise UserError(f"No Ray cluster answers at {address}; start one with `ray start --head` there, or fix --address.") from None
+
+
+def _stop_like_ctrl_c(signum, frame):
+    """SIGTERM (a scheduler's stop) ends a sweep as Ctrl-C does: Ray Tune saves the experiment's state and stops."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+# Runs that share one GPU before their total rounds/s stops rising by 10 %: the GPU campaign's sharing
+# stage (bench/gpu_campaign.py), H100 80GB, commit 91f1f1c, eager engine: k=1 0.24, k=2 0.47 rounds/s
+# (the stage ran out of time before k=4). Measure again with the compiled engine, which busies one GPU more.
+TRIALS_PER_GPU = 2
+
+
+def trial_resources(res: Resources) -> dict[str, float]:
+    import ray
+
+    gpus = res.gpus_per_trial
+    if gpus is None:
+        gpus = 1 / TRIALS_PER_GPU if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    return {"cpu": res.cpus_per_trial, "gpu": gpus}
+
+
+def worker_rounds(request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict) -> int:
+    """The rounds one worker runs in a stage: its share of the trials (Tune reuses workers, and their programs)."""
+    workers = int(cluster.get("CPU", 1) // request["cpu"])
+    if request["gpu"]:
+        workers = min(workers, int(cluster.get("GPU", 0) // request["gpu"]))
+    return rounds * math.ceil(trials / max(1, min(workers, max_concurrent or workers, trials)))
+

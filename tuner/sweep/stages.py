@@ -1,0 +1,219 @@
+"""A sweep as Ray Tune experiments, one a stage, in the sweep's directory (`--storage/--name`), each with an
+`experiment.yaml` that `tuner report` reads to rebuild every trial's full RunConfig:
+
+    search/   the Optuna search (OptunaSearch; ASHA and patience stop trials early)
+    seeds/    the best configuration rerun with fresh seeds (`--seeds N`)
+
+`tuner reproduce` writes one stage, `reproduce/`, whose trials carry their table cell. A stage resumes where
+it stopped (`--resume`), and stops cleanly, with what it wrote kept, on Ctrl-C, SIGTERM or a full storage.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import optuna
+import ray
+import yaml
+from ray import tune
+from ray.tune import Callback
+
+from tuner.config import TRIAL_RETRIES, user_path
+from tuner.errors import Interrupted, UserError
+from tuner.files import ensure_writable, unwritable_reason, write_text_atomic
+from tuner.selection import SCORE, best_of, started, trial_dirname, trial_score
+from tuner.space import Space
+from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
+from tuner.sweep.console import SweepProgress, quiet, stage_counts
+from tuner.sweep.stopping import FinalFailures, asha, stoppers
+from tuner.sweep.trainable import federated_trial
+
+EXPERIMENT_FILE = "experiment.yaml"
+RESERVE_FILE = ".storage-reserve"  # the space StorageWatch gives back when the storage fills
+COMPILE_CACHE = ".compile-cache"  # beside the sweeps of one storage, so later sweeps find their programs compiled
+STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
+storage_failures: dict[str, str] = {}  # a reserve file -> why its storage failed; set by StorageWatch, read by run_stage
+
+
+class StorageWatch(Callback):
+    """A failing trial may have met a full or unwritable storage; then every later trial would fail too. The sweep
+    then stops as on Ctrl-C, with the reserve given back first: on a full disk Ray Tune cuts short the experiment
+    state and the trial files it rewrites, and --resume would find them damaged."""
+
+    def __init__(self, reserve: Path):
+        self.reserve = reserve
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._check(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._check(trial)
+
+    def _check(self, trial) -> None:
+        if str(self.reserve) in storage_failures:
+            return
+        checkpoints = sorted(Path(trial.path).glob("checkpoint_*"))  # room for one more checkpoint, or 1 MiB
+        room = max(2**20, sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0)
+        reason = unwritable_reason(self.reserve.parent, room)
+        if reason:
+            storage_failures[str(self.reserve)] = reason
+            self.reserve.unlink(missing_ok=True)
+            if threading.current_thread() is threading.main_thread():  # where Tune catches it; elsewhere the sweep runs on
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    info = {"stage": stage, "select": select, "settings": base, **extra}
+    write_text_atomic(path / EXPERIMENT_FILE, yaml.safe_dump(info, sort_keys=False))
+
+
+def run_stage(
+    sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
+    *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
+    rounds: int, resume: bool, extra: dict | None = None, budget: int | None = None,
+):  # fmt: skip
+    """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
+    check_request(res)  # before anything is written or started
+    ensure_writable(sweep_dir, "the sweep's storage")
+    start_ray(res)
+    path = sweep_dir / stage
+    request = trial_resources(res)
+    check_fits(request)
+    cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
+    shared_rounds = worker_rounds(request, samples if expected is None else expected, rounds, res.max_concurrent, ray.cluster_resources())
+    trainable = tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache, worker_rounds=shared_rounds)
+    trainable = tune.with_resources(trainable, request)
+    if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
+        drop_damaged_errors(path)
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        write_experiment(path, stage, base, select, **(extra or {}))
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space or {},
+            tune_config=tune.TuneConfig(metric=SCORE, mode="max", search_alg=searcher, scheduler=scheduler,
+                                        num_samples=samples, max_concurrent_trials=res.max_concurrent,
+                                        # a trial is seeded and built whole from its config, so a worker that ran
+                                        # one runs the next alike, without the ~2.5 s of starting and importing torch
+                                        reuse_actors=True, trial_dirname_creator=trial_dirname),  # fmt: skip
+            run_config=tune.RunConfig(
+                name=stage, storage_path=str(sweep_dir), stop=stopper,
+                callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
+                # Two checkpoints: a kill while a new one registers can leave the saved experiment state
+                # pointing at the one before, which keeping one alone would already have deleted.
+                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
+            ),
+        )
+    reserve = sweep_dir / RESERVE_FILE
+    storage_failures.pop(str(reserve), None)
+    stage_counts.update(early=0, failed=0, done=0)
+    try:
+        reason = unwritable_reason(sweep_dir, STORAGE_RESERVE, keep_as=reserve)
+        if reason:
+            raise storage_failed(sweep_dir, reason)
+        grid = tuner.fit()
+    except Exception as e:  # the storage filled up or went away under Ray Tune's own writes, or a trial met it
+        reason = storage_failures.pop(str(reserve), None) or (e.strerror if isinstance(e, OSError) else None)
+        if reason is None or isinstance(e, UserError):
+            raise
+        raise storage_failed(sweep_dir, reason) from None
+    finally:
+        reserve.unlink(missing_ok=True)
+    if str(reserve) in storage_failures:
+        raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
+    ended = stage_counts["done"] + stage_counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
+    spent = sum((r.metrics or {}).get("round", 0) for r in grid)
+    unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended  # a spent budget ends trials
+    if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
+        raise Interrupted(
+            f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
+            "Run the same command with --resume to continue."
+        )
+    return grid
+
+
+def storage_failed(sweep_dir: Path, reason: str) -> UserError:
+    return UserError(
+        f"Cannot write to the sweep's storage {sweep_dir} ({reason}); the sweep stopped and what is already there stays: "
+        "free space or fix the folder, then run the same command with --resume."
+    )
+
+
+def drop_damaged_errors(path: Path) -> None:
+    """A trial's pickled error cut short (a full disk, a kill mid-write) would stop Tune from reading the experiment;
+    without it Tune reads the same error from error.txt."""
+    for pickled in path.glob("*/error.pkl"):
+        try:
+            with open(pickled, "rb") as f:
+                pickle.load(f)
+        except (EOFError, pickle.UnpicklingError):
+            pickled.unlink()
+
+
+def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
+    """Tune's grid over seeds: the run seed alone (one partition, as the papers), or each seed with its own partition."""
+    if vary_partition:
+        return {"seeding": tune.grid_search([{"seed": s, "partition_seed": s} for s in seeds])}
+    return {"seed": tune.grid_search(seeds)}
+
+
+def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary_partition: bool = False, resume: bool = False,
+          study_db: Path | None = None) -> dict:  # fmt: skip
+    """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    quiet(res.verbose)
+    sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
+    search_dir = sweep_dir / "search"
+    if not resume and search_dir.exists():
+        raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")
+    if resume and not search_dir.exists():
+        raise UserError(f"{sweep_dir} holds no sweep to resume; drop --resume to start it.")
+    base = {"method": space.method, **space.settings}
+    cfg = space.base_config()
+    restoring = resume and tune.Tuner.can_restore(str(search_dir))
+    searcher = None
+    if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
+        storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}") if study_db else None
+        searcher = OptunaSearch(
+            space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
+            study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
+        )  # fmt: skip
+    grid = run_stage(
+        sweep_dir, "search", base, space.select, space.report_every, res,
+        searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
+        samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
+        extra={"method": space.method, "space": space.source, "sampler": space.sampler},
+    )  # fmt: skip
+    best = best_of((r for r in grid if r.metrics), lambda r: trial_score(r.metrics, space.select), lambda r: started(r.path))
+    if best is None:
+        raise UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
+    summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
+    if seeds:
+        seeds_grid = run_stage(
+            sweep_dir, "seeds", base, space.select, space.report_every, res,
+            param_space={**best.config, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
+            stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds,
+            resume=resume, extra={"method": space.method, "best_of": "search"},
+        )  # fmt: skip
+        accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
+        summary["seeds"] = accs
+    write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
+    return summary
+
+
+
+def _plain(obj):
+    """YAML-safe copy (numpy scalars to Python)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj.item() if hasattr(obj, "item") else obj

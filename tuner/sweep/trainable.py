@@ -1,0 +1,87 @@
+"""One federated run as a Ray Tune trial: built from its configuration, reported every few rounds with the
+selection rule's figures, checkpointed whole, and restored from its latest readable checkpoint."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from tuner.config import apply_settings, auto_engine, trial_config, trial_settings
+from tuner.errors import DivergedError, OutOfMemory
+from tuner.files import write_atomic
+from tuner.selection import selection
+
+CHECKPOINT_FILE = "simulation.pt"
+
+
+def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str, worker_rounds: int) -> None:
+    """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole.
+    Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
+    read back instead of compiling again); a trial in a reused worker finds them in memory, so engine `auto`
+    weighs compiling against the `worker_rounds` its worker runs, not the trial's own."""
+    import ray
+    import torch
+
+    from tuner.run import build_simulation
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
+
+    cfg = trial_config(base, config)
+    gpus = ray.get_gpu_ids()
+    if cfg.device == "auto":  # the trial's share of the cluster decides, not what the node happens to have
+        cfg = apply_settings(cfg, {"device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}, "trial")
+    if trial_settings(base, config).get("engine", "auto") == "auto":
+        cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
+    cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
+    torch.set_num_threads(max(1, cpus))
+    sim = build_simulation(cfg)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        restore(sim, checkpoint)
+    placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
+    while sim.round < cfg.rounds:
+        try:
+            row = sim.step()
+        except (DivergedError, OutOfMemory) as e:  # recorded as the trial's failure; the sweep goes on
+            # A divergence recurs from any checkpoint (the run is seeded and resumes exactly), so it is not retried;
+            # out of memory may be a neighbour's on a shared GPU, so it is.
+            failure = {"failed": str(e), "retry": isinstance(e, OutOfMemory)}
+            tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, **failure})
+            raise
+        checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
+        if not (checkpoint_due or sim.round % report_every == 0):
+            continue
+        metrics = {**placement, **row, **selection(sim.history, select)}
+        if checkpoint_due:
+            with tempfile.TemporaryDirectory() as d:
+                write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+        else:
+            tune.report(metrics)
+
+
+def restore(sim, checkpoint) -> None:
+    """The trial's latest checkpoint, or, where it cannot be read (damaged by a kill or a full disk), the one
+    before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1."""
+    import torch
+
+    latest = Path(checkpoint.path)
+    older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)
+    for candidate in [latest, *older]:
+        try:
+            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=False)
+        except Exception as e:  # unpickling a damaged file raises anything
+            print(f"checkpoint {candidate} cannot be read ({type(e).__name__}: {e}); trying the one before", file=sys.stderr, flush=True)
+            continue
+        sim.load_state_dict(state)
+        if candidate != latest:
+            print(f"resumed from {candidate.name}, the checkpoint before the damaged one", file=sys.stderr, flush=True)
+        return
+    print("no checkpoint of this trial can be read; it starts again from round 1", file=sys.stderr, flush=True)
+
