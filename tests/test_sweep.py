@@ -121,6 +121,27 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_and_report(tmp_path, ray_local):
+    """checkpoint_every changes no figure, so three trials tie on score; every place that names a best trial names
+    the one that started first, whatever order the grid sampler drew the values in."""
+    space = tmp_path / "tie.yaml"
+    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
+                     "search:\n  checkpoint_every: {grid: [1, 2, 3]}\nsampler: grid\nsamples: 3\nselect: val\n")  # fmt: skip
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--max-concurrent", "1"])
+    assert res.exit_code == 0, res.output
+    search = trials(tmp_path / "fedavg-tie" / "search")
+    assert len({t["rows"][-1]["score"] for t in search}) == 1  # a tie for ASHA, Optuna's study and the console alike
+    by_start = sorted(search, key=lambda t: t["rows"][0]["timestamp"] - t["rows"][0]["time_total_s"])
+    assert [t["dir"].name for t in by_start] == sorted(t["dir"].name for t in search)  # folders list in the order trials started
+    first = by_start[0]["params"]["checkpoint_every"]
+    assert f"checkpoint_every={first}" in res.output
+    assert yaml.safe_load((tmp_path / "fedavg-tie" / "summary.yaml").read_text())["best_config"] == {"checkpoint_every": first}
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tie"), "--out", str(tmp_path / "r")]).exit_code == 0
+    assert pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]["config"] == f"checkpoint_every={first}"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_their_reasons_and_the_sweep_goes_on(tmp_path, ray_local, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("dies.py").write_text(
