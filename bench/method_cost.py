@@ -16,7 +16,7 @@ import time
 import torch
 
 from algorithms import METHODS
-from tuner.config import RunConfig, apply_settings
+from tuner.config import RunConfig, resolve_layers
 from tuner.run import build_data, build_simulation
 
 
@@ -40,13 +40,13 @@ def main() -> None:
     args = ap.parse_args()
     settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 1,
                 "executor": args.executor, "device": args.device}  # fmt: skip
-    first = apply_settings(RunConfig(method="fedavg"), settings, "bench").resolved()
+    first = resolve_layers("fedavg", [("bench", settings)])
     device = torch.device(first.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     data = build_data(first, device)  # one partition for every method
     rows = []
     for name in args.methods:
-        cfg = apply_settings(RunConfig(method=name), settings, "bench").resolved()
+        cfg = resolve_layers(name, [("bench", settings)])
         rows.append((name, seconds_per_round(cfg, data, sync)))
         print(f"{name}: {rows[-1][1]:.2f} s", flush=True)
     base = dict(rows).get("fedavg", rows[0][1])

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from tuner.data.datasets import Dataset
+from tuner.data.dataset import Dataset
 from tuner.data.federated import build
 from tuner.data.partition import PartitionSpec, partition
 

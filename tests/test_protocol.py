@@ -7,7 +7,8 @@ import torch
 
 from tuner.config import RunConfig, apply_settings, trial_config
 from tuner.data.augment import PAD, crop_flip
-from tuner.data.datasets import decode, load_dataset
+from tuner.data.dataset import decode
+from tuner.data.datasets import load_dataset
 from tuner.run import build_data, build_simulation, partition_spec
 
 CPU = torch.device("cpu")

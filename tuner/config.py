@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from algorithms.base import Unsupported, hparam_names
-from tuner.data.datasets import AS_LOADED, LOADERS, NORMALIZATIONS, takes_normalization
+from tuner.data.dataset import NORMALIZATIONS, takes_normalization
+from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
@@ -282,7 +283,7 @@ def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
     """A Tune trial's RunConfig, resolved (trial_settings)."""
     settings = trial_settings(base, params)
     method = settings.pop("method")
-    return apply_settings(RunConfig(method=method), settings, "trial").resolved()
+    return resolve_layers(method, [("trial", settings)])
 
 
 def user_path(path: str | Path) -> Path:
@@ -317,23 +318,26 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
 
 
 def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
-    """The run that layers of settings describe, each over the ones before (a file, the options, --set),
-    resolved; a value the run refuses is blamed on the layer that brought it (0 is a value, never unset)."""
+    """The run that layers of settings describe, each over the ones before (a file, the options, --set, a
+    trial's values), resolved: where settings become a run, the one place that resolves them. A value the run
+    refuses is blamed on the layer that brought it (0 is a value, never unset)."""
     cfg, applied = RunConfig(method=method), []
     for source, settings in layers:
         if settings:
             cfg = apply_settings(cfg, settings, source)
             applied.append((source, cfg))
+    resolved = _resolution(cfg)
+    if isinstance(resolved, RunConfig):
+        return resolved
+    blamed = next((source for source, partial in applied if str(_resolution(partial)) == str(resolved)), None)  # the first layer it follows
+    raise UserError(f"{blamed}: {resolved}" if blamed else str(resolved)) from None
+
+
+def _resolution(cfg: RunConfig) -> RunConfig | UserError:
     try:
         return cfg.resolved()
     except UserError as refused:
-        for source, partial in applied:  # the first layer after which the same refusal appears
-            try:
-                partial.resolved()
-            except UserError as e:
-                if str(e) == str(refused):
-                    raise UserError(f"{source}: {refused}") from None
-        raise
+        return refused
 
 
 def read_mapping(path: str | Path, what: str) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import yaml
 
 from algorithms.base import Method, Net, Training, Unsupported
 from tuner.config import RunConfig
-from tuner.data.datasets import Dataset, load_dataset
+from tuner.data.dataset import Dataset
+from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.data.user_data import is_user_data
@@ -74,7 +75,10 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
 
 
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
-    cfg = cfg.resolved()  # a no-op for a resolved configuration
+    """The simulation a configuration describes: the edge where code that writes its own RunConfig (a benchmark,
+    a notebook, a `replace` of a resolved one) has it resolved; settings from files and options arrive resolved
+    by tuner.config.resolve_layers, and resolving them again returns them as they are."""
+    cfg = cfg.resolved()
     device = torch.device(cfg.device)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic matmuls
@@ -92,8 +96,8 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
 
 
 def build_method(cfg: RunConfig, data: FederatedData) -> Method:
-    """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume)."""
-    cfg = cfg.resolved()
+    """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume);
+    `cfg` resolved."""
     method_cls = method_class(cfg.method)
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
                         cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed)  # fmt: skip
@@ -152,9 +156,8 @@ class RunDir:
 
 
 def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None) -> Simulation:
-    """Run cfg.rounds rounds (resume: from the checkpoint in `out`), writing results there."""
+    """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there."""
     run_dir = RunDir(out)
-    cfg = cfg.resolved()
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
     sim = build_simulation(cfg)
     if resume:

@@ -27,7 +27,7 @@ from typing import Any
 
 import optuna
 
-from tuner.config import RunConfig, absolute_settings, apply_settings, read_mapping, resolve_layers
+from tuner.config import RunConfig, absolute_settings, read_mapping, resolve_layers
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
 from tuner.selection import FIGURES
@@ -68,7 +68,7 @@ class Space:
 
     def base_config(self) -> RunConfig:
         """The fixed settings resolved, with every searched value at its default."""
-        return apply_settings(RunConfig(method=self.method), self.settings, self.source).resolved()
+        return resolve_layers(self.method, [(self.source, self.settings)])
 
     def defaults(self) -> dict[str, Any]:
         """The paper's setting of every searched name that its distribution can produce (tried first)."""
@@ -132,7 +132,6 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     fixed, typed_settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings")}), absolute_settings(settings or {})
     resolved = resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])  # refused here, not by a search probe
     settings = {**fixed, **typed_settings}
-    base = apply_settings(RunConfig(method=method), settings, f"{where}: settings")
     search_spec = _mapping(data.get("search"), where, "search")
     if not search_spec:
         raise UserError(f"{where}: 'search' names no setting to search; add at least one distribution.")
@@ -140,10 +139,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     for name, spec in search_spec.items():
         dist, grid = _distribution(name, spec, where)
         for value in _probe_values(dist):  # every value the sampler may produce must be a valid run
-            try:
-                apply_settings(base, {name: value}, f"{where}: search").resolved()
-            except UserError as e:
-                raise e if str(e).startswith(where) else UserError(f"{where}: search.{name} = {value!r}: {e}") from None
+            resolve_layers(method, [(f"{where}: settings", settings), (f"{where}: search.{name} = {value!r}", {name: value})])
         search[name] = dist
         if grid is not None:
             grids[name] = grid
@@ -156,7 +152,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         stop=_stopping(data.get("stop"), where, named),
     )  # fmt: skip
     _check(space, resolved.rounds, named)
-    if space.select == "val" and base.val_frac == 0:  # selection needs a validation split
+    if space.select == "val" and resolved.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
     return space

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from tuner.data.datasets import Dataset, decode
+from tuner.data.dataset import Dataset, decode
 from tuner.data.partition import Partition
 from tuner.errors import UserError
 

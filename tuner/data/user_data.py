@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from tuner.data.dataset import Dataset
 from tuner.errors import UserError
 
 SUFFIXES = (".parquet", ".npz")
@@ -151,8 +152,6 @@ def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dataset(p: Path, x: np.ndarray, y, client, split):
-    from tuner.data.datasets import Dataset
-
     if y is None or len(y) != len(x):
         raise UserError(f"Dataset {p}: x has {len(x)} samples but y has {0 if y is None else len(y)} labels.")
     if len(x) == 0:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ray import tune
 
-from tuner.config import apply_settings, auto_engine, trial_config, trial_settings
+from tuner.config import auto_engine, trial_config, trial_settings
 from tuner.errors import DivergedError, OutOfMemory
 from tuner.files import write_atomic
 from tuner.selection import selection
@@ -32,11 +32,11 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
 
+    settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
+    if settings.get("device", "auto") == "auto":  # the trial's share of the cluster decides, not what the node happens to have
+        config = {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
     cfg = trial_config(base, config)
-    gpus = ray.get_gpu_ids()
-    if cfg.device == "auto":  # the trial's share of the cluster decides, not what the node happens to have
-        cfg = apply_settings(cfg, {"device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}, "trial")
-    if trial_settings(base, config).get("engine", "auto") == "auto":
+    if settings.get("engine", "auto") == "auto":
         cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))

@@ -1,0 +1,53 @@
+"""The house's shape (docs/architecture.md): rooms that import downwards only, none too large to read at once,
+and a configuration resolved at the edge."""
+
+import ast
+import re
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tuner", "algorithms", "bench")
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The project's modules a module imports, at its top or inside a function (a lazy import is a dependency too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        out |= {n for n in names if n in known}
+    return out
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    found = modules()
+    graph = {name: imports(path, set(found)) - {name} for name, path in found.items()}
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        raise AssertionError(f"import circle: {' -> '.join(e.args[1])}") from None
+
+
+def test_no_module_is_longer_than_a_reader_takes_in_at_once():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_a_configuration_is_resolved_in_two_places_at_most():
+    calls = [f"{name}:{i}" for name, path in modules().items() for i, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\.resolved\(\)", line) and not line.lstrip().startswith("#")]  # fmt: skip
+    assert len(calls) <= 2, calls
