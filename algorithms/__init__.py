@@ -9,7 +9,8 @@ Methods of one's own live outside this package and are named by file or entry po
 
 from algorithms import apfl, fedcp, fedem, fedpac, gpfl, hypcluster
 from algorithms.apfl import APFL
-from algorithms.base import SGD, Adam, Method, Net, Passes, Phase, Round, Training, Unsupported, Yogi, variant
+from algorithms.base import Method, Net, Passes, Phase, Round, Training, Unsupported, variant
+from algorithms.optimizers import SGD, Adam, Yogi
 from algorithms.common import weighted_mean
 from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg

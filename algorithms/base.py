@@ -36,7 +36,7 @@ device, in both executors). vmap refuses any other draw.
 Hyperparameters are read as numbers, in arithmetic only (`self.hp.lam * term`): during a run every
 nonzero float of `Hparams` and the run's lr, momentum and weight decay are 0-dim tensors
 (`hyperparameter_inputs`), so one compiled program serves every trial of a sweep; zero stays 0.0,
-and `is_on(self.hp.lam)` tells whether a term is switched on
+and `is_on(self.hp.lam)` (algorithms/common.py) tells whether a term is switched on
 (docs/engine.md, "How a method reads a hyperparameter").
 
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
@@ -56,6 +56,7 @@ from torch import nn
 from torch.func import functional_call
 
 from algorithms.common import State, weighted_mean
+from algorithms.optimizers import SGD, Adam
 
 
 class Unsupported(ValueError):
@@ -127,74 +128,6 @@ SERVER_OPTIMIZER = "server_opt."  # where the server keeps its optimizer's state
 
 def prefixed_state(state: State) -> State:
     return {SERVER_OPTIMIZER + k: v for k, v in state.items()}
-
-
-Number = float | torch.Tensor  # a float hyperparameter: a 0-dim tensor in a run, 0.0 where it is zero (hyperparameter_inputs)
-
-
-def is_on(value: Number) -> bool:
-    """Whether a float hyperparameter switches its term on: a tensor is never zero (hyperparameter_inputs),
-    so this reads no tensor's value and a compiled program branches only on what is static."""
-    return isinstance(value, torch.Tensor) or value != 0
-
-
-@dataclass(frozen=True)
-class SGD:
-    """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
-    a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without). The
-    numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs)."""
-
-    lr: Number
-    momentum: Number = 0.0
-    weight_decay: Number = 0.0
-
-    def init(self, params: State) -> State:
-        return {k: torch.zeros_like(v) for k, v in params.items()} if is_on(self.momentum) else {}
-
-    def step(self, params: State, grads: State, state: State) -> None:
-        p = list(params.values())
-        d = [grads[k] for k in params]
-        if is_on(self.weight_decay):
-            d = torch._foreach_add(d, torch._foreach_mul(p, self.weight_decay))
-        if is_on(self.momentum):
-            buf = [state[k] for k in params]
-            torch._foreach_mul_(buf, self.momentum)
-            torch._foreach_add_(buf, d)
-            d = buf
-        torch._foreach_sub_(p, torch._foreach_mul(d, self.lr))
-
-
-@dataclass(frozen=True)
-class Adam:
-    """The server's Adam of Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2:
-    m ← β1 m + (1 − β1) g, v ← β2 v + (1 − β2) g², x ← x − η m / (√v + τ), from v = τ² and without
-    bias correction, as the paper writes it (Flower starts v at 0 and corrects the bias). In place,
-    as SGD; its state holds m ("m.KEY") and v ("v.KEY")."""
-
-    lr: Number
-    beta1: Number = 0.9
-    beta2: Number = 0.99
-    tau: Number = 1e-3
-
-    def init(self, params: State) -> State:
-        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.zeros_like(v) + self.tau**2 for k, v in params.items()}}
-
-    def step(self, params: State, grads: State, state: State) -> None:
-        for k, p in params.items():
-            g, m, v = grads[k], state["m." + k], state["v." + k]
-            m.mul_(self.beta1).add_((1 - self.beta1) * g)
-            self.second_moment(v, g * g)
-            p.sub_(self.lr * m / (v.sqrt() + self.tau))
-
-    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
-        v.mul_(self.beta2).add_((1 - self.beta2) * g2)
-
-
-class Yogi(Adam):
-    """Adam with Yogi's second moment (Reddi et al. 2021, Algorithm 2): v ← v − (1 − β2) g² sign(v − g²)."""
-
-    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
-        v.sub_((1 - self.beta2) * g2 * torch.sign(v - g2))
 
 
 @dataclass(frozen=True)

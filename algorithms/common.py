@@ -10,6 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 State = dict[str, torch.Tensor]
+Number = float | torch.Tensor  # a float hyperparameter: a 0-dim tensor in a run, 0.0 where it is zero (hyperparameter_inputs)
+
+
+def is_on(value: Number) -> bool:
+    """Whether a float hyperparameter switches its term on: a tensor is never zero (hyperparameter_inputs),
+    so this reads no tensor's value and a compiled program branches only on what is static."""
+    return isinstance(value, torch.Tensor) or value != 0
 
 
 def weighted_mean(stacked: State, weights: torch.Tensor) -> State:

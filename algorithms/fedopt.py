@@ -14,7 +14,8 @@ there is no bias correction, as Algorithm 2 writes it.
 
 from dataclasses import dataclass
 
-from algorithms.base import Adam, Method, Yogi
+from algorithms.base import Method
+from algorithms.optimizers import Adam, Yogi
 
 
 @dataclass

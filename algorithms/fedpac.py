@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes, Unsupported, is_on, variant
+from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.common import is_on
 from algorithms.common import cross_entropy, per_client, weighted_mean
 
 COMBINE = ("qp", "protoweights", "none")

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from algorithms.base import SGD, Method, Unsupported
+from algorithms.base import Method, Unsupported
+from algorithms.optimizers import SGD
 from algorithms.common import prefixed, substate
 
 HN, MOMENTUM = "hn.", "hn_momentum."

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 import torch.nn.functional as F
 from torch.func import grad
 
-from algorithms.base import SGD, Method, Passes
+from algorithms.base import Method, Passes
+from algorithms.optimizers import SGD
 
 PERSONAL = "me."
 

@@ -82,13 +82,14 @@ def stage_trials() -> dict:
 def stage_host(rounds: int = 5) -> dict:
     """Time inside the compiled calls against the training loop's whole time, per cohort step."""
     import tuner.executors as ex
+    import tuner.steps as steps
     from tuner.config import RunConfig
     from tuner.run import build_simulation
 
     sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": rounds + 1, **TRIALS[0]}))
     sim.step()  # compiles
     clock = {"program": 0.0, "call": 0.0, "inputs": 0.0, "loop": 0.0, "train": 0.0, "steps": 0}
-    call, inputs, loop, train = ex.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train
+    call, inputs, loop, train = steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train
 
     def timed(name, fn):
         def wrapper(*args, **kw):
@@ -107,12 +108,12 @@ def stage_host(rounds: int = 5) -> dict:
         return timed("call", call)(self, *args)
 
     patched = (counted_call, timed("inputs", inputs), timed("loop", loop), timed("train", train))
-    ex.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = patched
+    steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = patched
     try:
         for _ in range(rounds):
             sim.step()
     finally:
-        ex.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = call, inputs, loop, train
+        steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = call, inputs, loop, train
     n = clock["steps"]
     us = lambda s: 1e6 * s / n  # noqa: E731
     out = {"steps": n, "host us/step": us(clock["loop"] - clock["program"]), "write-back and mask us/step": us(clock["call"] - clock["program"]),
@@ -130,7 +131,7 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
     import torch
     from torch.func import vmap
 
-    import tuner.executors as ex
+    import tuner.steps as steps
     from tuner.config import RunConfig
     from tuner.run import build_simulation
 
@@ -140,7 +141,7 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
     keys = executor._trainable(phase, state)
     params, rest = {k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys}
     opt_state = phase.optimizer.init(params)
-    one = ex.pure_step(vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"), phase, sim.method.net.is_buffer)
+    one = steps.pure_step(vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"), phase, sim.method.net.is_buffer)
     n, batch = len(sim.data.train.counts), sim.method.training.batch_size
     counts, offsets = sim.data.train.counts, sim.data.train.offsets
     index = torch.stack([(torch.arange(batch * steps) % counts[i]).view(steps, batch) + offsets[i] for i in range(n)])  # (clients, steps, batch)
@@ -151,7 +152,7 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
 
     out = {}
     for size, fn in ((1, one), (k, window)):
-        program = ex.compile_program(fn, sim.data.train.y.device)
+        program = steps.compile_program(fn, sim.data.train.y.device)
         calls = [index[:, t : t + size] for t in range(0, steps, size)]
         data = [(sim.data.decode(sim.data.train.x[c]), sim.data.train.y[c]) for c in calls]
         args = lambda x, y: (params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active)  # noqa: E731

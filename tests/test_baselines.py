@@ -587,7 +587,7 @@ def test_fedadam_and_fedyogi_step_the_server_along_the_cohorts_mean_as_algorithm
 
 
 def test_server_sgd_with_step_one_is_the_mean():
-    from algorithms.base import SGD
+    from algorithms.optimizers import SGD
 
     sim = sim_for("fedavg", 0, join_ratio="1", dtype="float64")
     m, keys = sim.method, sim.method.net.param_keys

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms import METHODS
-from algorithms.base import SGD
+from algorithms.optimizers import SGD
 from algorithms.fedpac import SimplexQPs
 from tuner.config import RunConfig
 

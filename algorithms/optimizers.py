@@ -1,0 +1,70 @@
+"""The optimizers a method's phases and its server step with: SGD as torch.optim's, and the server's Adam and
+Yogi of FedOpt. In place and fused over a dict of tensors; the numbers may be 0-dim tensors (the inputs of a
+compiled step: algorithms.base.hyperparameter_inputs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms.common import Number, State, is_on
+
+
+@dataclass(frozen=True)
+class SGD:
+    """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
+    a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without). The
+    numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs)."""
+
+    lr: Number
+    momentum: Number = 0.0
+    weight_decay: Number = 0.0
+
+    def init(self, params: State) -> State:
+        return {k: torch.zeros_like(v) for k, v in params.items()} if is_on(self.momentum) else {}
+
+    def step(self, params: State, grads: State, state: State) -> None:
+        p = list(params.values())
+        d = [grads[k] for k in params]
+        if is_on(self.weight_decay):
+            d = torch._foreach_add(d, torch._foreach_mul(p, self.weight_decay))
+        if is_on(self.momentum):
+            buf = [state[k] for k in params]
+            torch._foreach_mul_(buf, self.momentum)
+            torch._foreach_add_(buf, d)
+            d = buf
+        torch._foreach_sub_(p, torch._foreach_mul(d, self.lr))
+
+
+@dataclass(frozen=True)
+class Adam:
+    """The server's Adam of Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2:
+    m ← β1 m + (1 − β1) g, v ← β2 v + (1 − β2) g², x ← x − η m / (√v + τ), from v = τ² and without
+    bias correction, as the paper writes it (Flower starts v at 0 and corrects the bias). In place,
+    as SGD; its state holds m ("m.KEY") and v ("v.KEY")."""
+
+    lr: Number
+    beta1: Number = 0.9
+    beta2: Number = 0.99
+    tau: Number = 1e-3
+
+    def init(self, params: State) -> State:
+        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.zeros_like(v) + self.tau**2 for k, v in params.items()}}
+
+    def step(self, params: State, grads: State, state: State) -> None:
+        for k, p in params.items():
+            g, m, v = grads[k], state["m." + k], state["v." + k]
+            m.mul_(self.beta1).add_((1 - self.beta1) * g)
+            self.second_moment(v, g * g)
+            p.sub_(self.lr * m / (v.sqrt() + self.tau))
+
+    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
+        v.mul_(self.beta2).add_((1 - self.beta2) * g2)
+
+
+class Yogi(Adam):
+    """Adam with Yogi's second moment (Reddi et al. 2021, Algorithm 2): v ← v − (1 − β2) g² sign(v − g²)."""
+
+    def second_moment(self, v: torch.Tensor, g2: torch.Tensor) -> None:
+        v.sub_((1 - self.beta2) * g2 * torch.sign(v - g2))

@@ -1,0 +1,57 @@
+"""Stages 3 and 4: bench/engine_speed.py's figures in the papers' Table 1 settings, and where 20 compiled steps
+of GPFL's cohort spend their time (torch.profiler)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from bench.engine_speed import measure, table1
+from tuner.run import build_simulation
+
+SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac", "pfedme", "pfedhn", "fedem"]  # the targets: Table 1 settings; the last three ≤ 3× FedAvg
+
+
+def speed(campaign, deadline: float) -> dict:
+    out: dict = {}
+    for method in ["fedavg"] if campaign.args.smoke else SPEED_METHODS:  # smoke: every figure's code, once
+        if time.monotonic() > deadline:
+            break
+        smoke = dict(dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")  # the bench's code, in seconds
+        out[method] = measure(method, campaign.device, rounds=1, **smoke) if campaign.args.smoke else measure(method, campaign.device, rounds=2, data_dir=campaign.data)
+    parts = [f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
+             f"a second trial's {r['second trial: compile + first round s']:.1f} s)" for m, r in out.items()]
+    return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
+
+
+def profile(campaign, deadline: float) -> dict:
+    """20 compiled steps of GPFL's Table 1 cohort (smoke: digits) under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if campaign.args.smoke:
+        cfg = campaign.digits("gpfl", dtype="float32", device=campaign.device, engine="compiled", executor="vectorized")
+    else:
+        cfg = table1("gpfl", campaign.device, data_dir=campaign.data, engine="compiled")
+    sim = build_simulation(cfg)
+    ids = list(range(sim.data.num_clients))
+    at = sim.at(1, ids)
+    phases = [replace(p, steps=20) for p in sim.method.phases()]
+    cohort = {k: v.clone() for k, v in sim.clients.items()}
+    sim.executor.train(phases, cohort, sim.server, at, 0)  # compiles the programs these steps need
+    sync = torch.cuda.synchronize if campaign.device.startswith("cuda") else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if campaign.device.startswith("cuda") else [])
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        sim.executor.train(phases, cohort, sim.server, at, 0)
+        sync()
+    wall = time.perf_counter() - t0
+    device_time = "device_time" if campaign.device.startswith("cuda") else "cpu_time"
+    events = prof.key_averages()
+    top = sorted(events, key=lambda e: getattr(e, f"self_{device_time}_total"), reverse=True)[:10]
+    kernels = [{"name": e.key[:80], "calls": e.count, "ms": getattr(e, f"self_{device_time}_total") / 1e3} for e in top]
+    busy = sum(getattr(e, f"self_{device_time}_total") for e in events) / 1e6 / wall if campaign.device.startswith("cuda") else float("nan")
+    line = f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)"
+    return {"wall_s": wall, "device_busy_share": busy, "top": kernels, "line": line}

@@ -1,0 +1,132 @@
+"""How a training step runs (`engine`): `eager`, the reference, updates the active prefix of a chunk in place;
+`compiled` runs the whole step (forward, backward, the optimizer's update written into the chunk) as one
+torch.compile'd program of fixed shapes, the active clients padded to a power of two (so a run compiles at most
+log2(cohort) + 1 programs a phase, and none twice), on CUDA as CUDA graphs. A chunk trains in buffers kept for
+the process (`ChunkBuffers`), so its tensors keep their addresses from step to step and trial to trial. The
+executors (tuner/executors.py) choose a step and run it over the cohort."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from algorithms.base import Phase, State
+
+
+class EagerStep:
+    """The reference step: the active prefix of the chunk's tensors, updated in place."""
+
+    def __init__(self, grad: Callable, phase: Phase):
+        self.grad, self.optimizer = grad, phase.optimizer
+
+    def rows(self, active: int, total: int) -> int:
+        return active
+
+    def __call__(self, params: State, opt_state: State, rest: State, server: State, x, y, active: int) -> torch.Tensor:
+        g, loss = self.grad(params, rest, server, x, y)
+        self.optimizer.step(params, g, opt_state)
+        return loss
+
+
+def pure_step(grad: Callable, phase: Phase, is_buffer: Callable[[str], bool]) -> Callable:
+    """A step of one client's tensors or a stack of them (grad mapped over it) that writes its new parameters,
+    optimizer state and BatchNorm statistics into them and returns the loss; a row that is not `active` (a
+    padded row of a compiled cohort) keeps what it had and adds 0 to the loss. Compiled, the writes land in
+    the inputs' own memory: nothing is copied back after the program."""
+
+    def step(params, opt_state, rest, server, x, y, active):
+        stats = {k: v.clone() for k, v in rest.items() if is_buffer(k)}  # the forward updates these in place
+        g, loss = grad(params, {**rest, **stats}, server, x, y)
+        new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
+        phase.optimizer.step(new_params, g, new_opt)
+        for new, old in ((new_params, params), (new_opt, opt_state), (stats, rest)):
+            for k, v in new.items():
+                old[k].copy_(torch.where(active.view(active.shape + (1,) * (v.dim() - active.dim())), v, old[k]))
+        return torch.where(active, loss, torch.zeros_like(loss))
+
+    return step
+
+
+class CompiledStep:
+    """The step as compiled programs of fixed shapes, one per number of rows, updating the chunk in place.
+    A program that fails to compile hands the step to `fallback` (Executor.compile_failed: the run goes on eager)."""
+
+    def __init__(self, program: Callable, pad: bool, fallback: Callable):
+        self.program, self.pad, self.fallback = program, pad, fallback
+        self.eager: Callable | None = None  # the step that took over after a failed compile
+        self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
+
+    def rows(self, active: int, total: int) -> int:
+        return padded_rows(active, total) if self.pad else active
+
+    def __call__(self, params, opt_state, rest, server, x, y, active):
+        rows = len(y)
+        key = (rows, active, y.device)
+        if key not in self.masks:
+            self.masks[key] = torch.arange(rows, device=y.device) < active
+        if self.eager is None:
+            try:
+                return self.program(params, opt_state, rest, server, x, y, self.masks[key])
+            except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
+                self.eager = self.fallback(e)
+        head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
+        loss = self.eager(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
+        return torch.cat([loss, loss.new_zeros(rows - active)])
+
+
+def padded_rows(active: int, total: int) -> int:
+    """Rows a compiled program runs for `active` clients: the next power of two, at most the chunk."""
+    return min(total, 1 << (active - 1).bit_length())
+
+
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What torch.compile raises when it cannot make a program (no C++ compiler, an unsupported operation, a
+    backend's failure); a method's own error raises again in the eager step that follows."""
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return TorchDynamoException, CppCompileError
+
+
+class ChunkBuffers:
+    """The tensors a chunk trains in, one buffer a state key as deep as the federation, kept for the process:
+    a step reads and writes them where they are, so their addresses stay fixed from step to step, round to
+    round and trial to trial (a sweep's trials share a worker), and a CUDA graph copies none of them in or out
+    (they are marked static). A group's buffers of other keys or shapes (another run's) are dropped."""
+
+    def __init__(self):
+        self.groups: dict[str, State] = {}
+
+    def take(self, like: State, rows: int, depth: int, group: str = "state", copy: bool = False) -> State:
+        """Views of the first `rows` rows of the group's buffers shaped like `like`'s tensors (rows of clients),
+        holding `like`'s values if `copy`."""
+        old, new = self.groups.get(group, {}), {}
+        for k, v in like.items():
+            buffer = old.get(k)
+            if buffer is None or buffer.shape != (depth, *v.shape[1:]) or buffer.dtype != v.dtype or buffer.device != v.device:
+                buffer = torch.empty((depth, *v.shape[1:]), dtype=v.dtype, device=v.device)
+            new[k] = buffer
+        self.groups[group] = new
+        out = {k: b[:rows] for k, b in new.items()}
+        for k, v in out.items():
+            if v.is_cuda:  # the view is the program's input: mark it, not only its base
+                torch._dynamo.mark_static_address(v, guard=False)
+            if copy:
+                v.copy_(like[k])
+        return out
+
+
+CHUNKS = ChunkBuffers()
+
+
+def compile_program(fn: Callable, device: torch.device) -> Callable:
+    """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one); CUDA graphs on a GPU.
+
+    Every program of every run shares one code object (pure_step's, or vmap's), and a process running many
+    trials of several methods keeps a program per method, phase and padded shape, so dynamo's limit of 8
+    programs a code object is raised, and reaching it fails rather than falling back to eager unseen."""
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
