@@ -5,7 +5,7 @@ reports, and where the paper says so), its names for datasets and partitions, th
 report's name for its own run of FedPAC, and the shared experiment settings that search spaces
 name. The published numbers themselves are `results/paper_tables.csv`, one row per method and
 cell. Read by tuner/config.py (a method's home protocol), tuner/reproduce.py (the cells to run)
-and tuner/report.py (cells matched to runs, labels); the protocols' values are tuner/defaults.py.
+and tuner/report/tables.py (cells matched to runs, labels); the protocols' values are tuner/defaults.py.
 """
 
 from __future__ import annotations
