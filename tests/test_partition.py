@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -115,3 +117,30 @@ def test_partitions_are_seeded_and_cached(tmp_path, monkeypatch):
         assert np.array_equal(x, y) and np.array_equal(x, z)
     partition(LABELS, 10, spec("dir", 0.3, train_frac=0.8), dataset="synthetic")
     assert len(list(tmp_path.glob("synthetic-dir-*.npz"))) == 2  # every shaping setting is in the key
+
+
+def _save_many(path: str, start, times: int) -> None:
+    start.wait()  # every writer begins at once
+    p = partition(LABELS, 10, spec("dir", 0.3))
+    for _ in range(times):
+        P._save(Path(path), p)
+
+
+def test_trials_that_cache_one_partition_together_never_trip_over_each_other(tmp_path):
+    """Four processes write the same cache file at once, as trials starting together on an empty cache do:
+    each through a temporary file of its own, so none fails and the file is always whole."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    path = tmp_path / "synthetic-dir-shared.npz"
+    writers = [context.Process(target=_save_many, args=(str(path), start, 40)) for _ in range(4)]
+    for w in writers:
+        w.start()
+    start.set()
+    for w in writers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in writers] == [0, 0, 0, 0]
+    whole = P._load(path, 20)
+    assert sum(map(len, whole.train)) + sum(map(len, whole.test)) == len(LABELS)
+    assert not list(tmp_path.glob("*.tmp*"))  # no temporary file left behind

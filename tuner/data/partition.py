@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tuner.errors import UserError
+from tuner.files import write_atomic
 
 CACHE_ROOT = Path(os.environ.get("TUNER_CACHE", Path.home() / ".cache" / "pfl-tuner")) / "partitions"
 
@@ -244,9 +245,12 @@ def _save(path: Path, p: Partition) -> None:
         parts = getattr(p, name)
         arrays[name] = np.concatenate(parts) if parts else np.array([], dtype=np.int64)
         arrays[name + "_sizes"] = np.array([len(x) for x in parts])
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)  # atomic: concurrent trials never read half a file
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name
+            np.savez(f, **arrays)
+
+    write_atomic(path, write)  # a temporary file per process: trials that start together never share one
 
 
 def _load(path: Path, clients: int) -> Partition:
