@@ -179,6 +179,29 @@ def test_resuming_a_run_from_a_damaged_checkpoint_is_one_sentence(tmp_path):
     assert len(pd.read_parquet(tmp_path / "metrics.parquet")) == 2  # the rows stay
 
 
+class _RunsCode:
+    """A pickled object that would run code when loaded: what a checkpoint from a stranger may hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_not_run(tmp_path):
+    import torch
+
+    res = invoke("run", "fedavg", *DIGITS, "--out", tmp_path)
+    assert res.exit_code == 0, res.output
+    marker = tmp_path / "code-ran"
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    torch.save({**state, "history": [_RunsCode(marker)]}, tmp_path / "checkpoint.pt")
+    res = invoke("run", "fedavg", "--resume", "--rounds", "3", "--out", tmp_path)
+    assert res.exit_code == 2 and "cannot be read" in res.output, res.output
+    assert not marker.exists()
+
+
 def test_a_folder_that_cannot_be_written_is_one_sentence_before_any_work(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

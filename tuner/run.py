@@ -149,7 +149,7 @@ class RunDir:
         if not self.checkpoint.exists():
             raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
         try:
-            state = torch.load(self.checkpoint, weights_only=False)
+            state = torch.load(self.checkpoint, weights_only=True)  # tensors and numbers only: a checkpoint never runs code
         except Exception as e:  # unpickling a damaged file raises anything
             raise UserError(f"{self.checkpoint} cannot be read ({type(e).__name__}); the rows so far are in {self.metrics}: rerun without --resume.") from None
         sim.load_state_dict(state)

@@ -75,7 +75,7 @@ def restore(sim, checkpoint) -> None:
     older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)
     for candidate in [latest, *older]:
         try:
-            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=False)
+            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=True)  # tensors and numbers only: never runs code
         except Exception as e:  # unpickling a damaged file raises anything
             print(f"checkpoint {candidate} cannot be read ({type(e).__name__}: {e}); trying the one before", file=sys.stderr, flush=True)
             continue
