@@ -271,3 +271,15 @@ def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_p
     assert a["mean_abs_difference"] == pytest.approx((1.0 + 1.5 + 2.0) / 3)
     assert a["spearman"] == pytest.approx(0.5)  # ranks (3, 1, 2) against (3, 2, 1): 1 − 6·2 / (3·8)
     assert agreement_line(next(agreement(t).itertuples())) == "FMNIST dominant_s20: 3 methods, Spearman 0.50, mean |Δ| 1.50, 1 within 1 point; runs of 150 to 200 rounds"
+
+
+def test_latex_tables_escape_what_latex_reads_as_commands():
+    from tuner.report.tables import render
+
+    t = pd.DataFrame({"paper": "FedPAC", "table": "Table1", "column": "FMNIST dominant_s20", "method": ["Fed&Mine 50%", "FedAvg"],
+                      "ours_mean": [90.0, 85.0], "ours_std": [0.1, 0.2], "seeds": [1, 1], "rounds": [200, 200], "paper_mean": [float("nan"), 85.28],
+                      "reported": "final round"})  # fmt: skip
+    t["difference"] = t["ours_mean"] - t["paper_mean"]
+    latex = render(t, "latex")
+    assert r"Fed\&Mine 50\%" in latex and r"dominant\_s20" in latex and r"$\pm$" in latex
+    assert "Fed&Mine" not in latex and r"\\_" not in latex  # nothing left raw, nothing escaped twice

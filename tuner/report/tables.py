@@ -143,8 +143,10 @@ def render(tables: pd.DataFrame, fmt: str) -> str:
             lines = [f"- {agreement_line(a)}" for a in agreed.itertuples() if (a.paper, a.table) == (paper_name, table)]
             parts.append(f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n" + ("\nAgreement with the paper:\n\n" + "\n".join(lines) + "\n" if lines else ""))
         else:
-            latex = frame.to_latex(caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c")
-            for text, tex in (("_", r"\_"), ("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
+            # pandas escapes LaTeX's special characters in every cell and label (a method's title may hold & or %);
+            # the caption is the catalogue's own words. The Unicode the labels use becomes math.
+            latex = frame.to_latex(caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c", escape=True)
+            for text, tex in (("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
                 latex = latex.replace(text, tex)
             parts.append(latex)
     return "\n".join(parts)
