@@ -39,6 +39,8 @@ MISTAKES = [
     ("run: labels numbered from 1", ["run", "fedavg", "--dataset", "{w}/from-one.parquet"], 2, "y's labels are 1, 2, 3, with no sample of class 0"),
     ("run: a normalization features do not take", ["run", "fedavg", "--dataset", "{w}/from-one-fixed.parquet", "--set", "normalize=half"], 2, "normalize half applies to images stored as bytes"),
     ("run: a negative learning rate", ["run", "fedavg", *DIGITS, "--set", "lr=-0.1"], 2, "lr must be positive"),
+    ("run: a learning rate that is not a number", ["run", "fedavg", *DIGITS, "--set", "lr=.nan"], 2, "Setting lr must be a finite number, not nan"),
+    ("run: a negative seed", ["run", "fedavg", *DIGITS, "--set", "seed=-1"], 2, "Setting seed cannot be negative, not -1"),
     ("run: a GPU on a machine without one", ["run", "fedavg", *DIGITS, "--set", "device=cuda"], 2, "has no CUDA GPU"),
     ("run: an unknown float type", ["run", "fedavg", *DIGITS, "--set", "dtype=float16"], 2, "Unknown dtype"),
     ("run: an unknown executor", ["run", "fedavg", *DIGITS, "--set", "executor=magic"], 2, "Unknown executor"),

@@ -63,6 +63,27 @@ def fednew(tmp_path) -> str:
     return f"{path}:FedNew"
 
 
+TYPED = FEDNEW.replace("from dataclasses import dataclass", "from dataclasses import dataclass\nfrom typing import Literal, Optional").replace(
+    "        mu: float = 0.5", '        mu: float = 0.5\n        clip: Optional[float] = None\n        widths: tuple[int, ...] = (3,)\n        mix: Literal["mean", "median"] = "mean"')
+
+
+def test_a_users_hyperparameters_are_typed_by_their_hints(tmp_path):
+    """Optional, tuples and Literal as a user writes them; values from --set or YAML take their hint's type."""
+    from tuner.config import resolve_layers
+    from tuner.errors import UserError
+
+    path = tmp_path / "typed.py"
+    path.write_text(TYPED)
+    method = f"{path}:FedNew"
+    cfg = resolve_layers(method, [("--set", {"dataset": "digits", "clip": "0.5", "widths": [3, 4], "mix": "median", "mu": "1e-4"})])
+    assert cfg.hparams == {"mu": 0.0001, "clip": 0.5, "widths": (3, 4), "mix": "median"}  # "1e-4": YAML's string, a float here
+    assert resolve_layers(method, [("--set", {"dataset": "digits", "clip": None})]).hparams["clip"] is None
+    for name, value, words in (("mix", "mode", "must be one of 'mean', 'median', not 'mode'"), ("widths", "3", "must be a list of int values"),
+                               ("mu", None, "mu needs a value"), ("mu", float("inf"), "mu must be a finite number")):  # fmt: skip
+        with pytest.raises(UserError, match=words):
+            resolve_layers(method, [("--set", {"dataset": "digits", name: value})])
+
+
 def test_a_method_from_a_file_runs_alike_under_both_executors_and_is_not_fedavg(fednew):
     seq, _ = run_rounds(exact_config(fednew, executor="sequential"), 2)
     vec, _ = run_rounds(exact_config(fednew, executor="vectorized"), 2)

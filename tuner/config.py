@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from functools import lru_cache
 from types import NoneType, UnionType
-from typing import Any, get_args, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import torch
 import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from algorithms.base import Unsupported, hparam_names
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
@@ -178,7 +180,7 @@ class RunConfig:
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
-        for name in ("local_epochs", "cohort_chunk", "partition_seed", "momentum", "weight_decay"):
+        for name in ("local_epochs", "cohort_chunk", "seed", "partition_seed", "momentum", "weight_decay"):
             if getattr(self, name) < 0:
                 raise UserError(f"Setting {name} cannot be negative, not {getattr(self, name)}.")
         if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
@@ -219,34 +221,39 @@ RUN_FIELDS = {name: hint for name, hint in get_type_hints(RunConfig).items() if 
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """Turn a YAML or command-line value into the setting's type (from the dataclass's type hints)."""
-    types = get_args(hint) if isinstance(hint, UnionType) else (hint,)
-    if value is None:
-        if NoneType in types:
-            return None
-        raise UserError(f"Setting {name} needs a value.")
-    kind = next(t for t in types if t is not NoneType)
-    if kind is Any:
-        return value
-    kind = kind.__name__
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("true", "false", "1", "0", "yes", "no"):
-            return str(value).lower() in ("true", "1", "yes")
-    elif kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and value.lstrip("-").isdigit():
-            return int(value)
-    elif kind == "float":
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    else:
-        return str(value)
-    raise UserError(f"Setting {name} must be {'an' if kind == 'int' else 'a'} {kind}, not {value!r}.")
+    """A YAML or command-line value as the setting's type, by its type hint (pydantic's lax conversion:
+    "3" for an int, "1e-4" for a float, yes/no for a bool, a list for a tuple; Optional, Literal and
+    unions alike); never a non-finite float."""
+    try:
+        return _adapter(hint).validate_python(value)
+    except ValidationError as e:
+        kinds = {error["type"] for error in e.errors()}
+        if value is None:
+            raise UserError(f"Setting {name} needs a value.") from None
+        if kinds & {"finite_number"}:
+            raise UserError(f"Setting {name} must be a finite number, not {value!r}.") from None
+        raise UserError(f"Setting {name} must be {_kind(hint)}, not {value!r}.") from None
+
+
+@lru_cache(maxsize=None)
+def _adapter(hint: Any) -> TypeAdapter:
+    config = ConfigDict(coerce_numbers_to_str=True, allow_inf_nan=False, arbitrary_types_allowed=True)
+    return TypeAdapter(hint, config=config)
+
+
+def _kind(hint: Any) -> str:
+    """A type hint in words, for a sentence: an int, a float or None, one of 'a', 'b', ..."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (Union, UnionType):
+        return " or ".join(_kind(a) for a in args)
+    if hint is NoneType:
+        return "None"
+    if origin in (tuple, list):
+        return f"a list of {', '.join(getattr(a, '__name__', str(a)) for a in args if a is not Ellipsis)} values"
+    name = getattr(hint, "__name__", str(hint))
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> RunConfig:
