@@ -112,6 +112,31 @@ def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path, spawn):
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))  # no half-written file left
 
 
+def test_ctrl_c_ends_a_run_at_its_rounds_end_with_a_checkpoint_so_the_advised_resume_works(tmp_path, spawn):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=100000"]
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not out.joinpath("config.yaml").exists():  # written once the run is built, just before its first round
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or never started"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal delivers Ctrl-C: to the whole process group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    saved = int(re.search(r"checkpoint of round (\d+)", stderr).group(1))  # none of the periodic ones: the one at the stop
+    assert f"tuner run fedavg --resume --out {out}" in " ".join(stderr.split())
+    res = runner.invoke(app, ["run", "fedavg", "--resume", "--rounds", str(saved + 2), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert list(pd.read_parquet(out / "metrics.parquet")["round"]) == list(range(1, saved + 3))
+
+
 @pytest.fixture(params=["relative", "home"])
 def where(request, tmp_path, monkeypatch):
     """Paths as a user types them: relative to the working directory, or under `~`; returns (prefix, folder it means)."""

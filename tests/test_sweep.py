@@ -142,6 +142,21 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_a_trial_refusing_its_setting_is_not_retried_and_the_sweep_does_not_exit_0(tmp_path, ray_local):
+    """batch_size 5000 passes the space's checks (any int is a batch size) but no client holds a batch that
+    large: the trial fails once, with the run's sentence, and the sweep says so with exit code 2."""
+    space = tmp_path / "big.yaml"
+    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
+                     "search:\n  batch_size: {grid: [10, 5000]}\nsampler: grid\nsamples: 2\n")  # fmt: skip
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
+    assert res.exit_code == 2 and "1 trial of" in res.output and "without one training batch" in res.output, res.output
+    failed = next(d for d in (tmp_path / "fedavg-big" / "search").glob("federated_trial_*") if (d / "error.txt").exists())
+    assert (d := failed / "error.txt").read_text().count("Failure #") == 1, d.read_text()  # never retried
+    assert yaml.safe_load((tmp_path / "fedavg-big" / "summary.yaml").read_text())["best_config"] == {"batch_size": 10}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_their_reasons_and_the_sweep_goes_on(tmp_path, ray_local, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("dies.py").write_text(

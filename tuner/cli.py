@@ -7,6 +7,7 @@ import functools
 import math
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -36,15 +37,18 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except UserError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        except UserError as e:  # the message is text: a range written [low, high] is not markup
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
             if e.filename is None:
                 raise
-            err.print(f"[bold red]error:[/] cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}. "
+            err.print(f"[bold red]error:[/] {escape(f'cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}.')} "
                       "Files written before stay whole (every write replaces a file at once).", highlight=False, soft_wrap=True)  # fmt: skip
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:  # a command without a stop of its own (run and sweep have theirs)
+            err.print("Stopped (Ctrl-C); every file written before stays whole.", markup=False, highlight=False)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -123,22 +127,46 @@ def run(
             done += 1
 
         t0 = time.perf_counter()
-        signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop flushes the rows like Ctrl-C does
+        stop = StopAtRoundEnd(progress.console)
         try:
-            sim = run_simulation(cfg, out, resume=resume, on_round=on_round)
-        except KeyboardInterrupt:
+            with stop.installed():
+                sim = run_simulation(cfg, out, resume=resume, on_round=on_round, stop_requested=stop)
+        except KeyboardInterrupt:  # the second Ctrl-C: at once, mid-round
+            sim = None
+        if sim is None or sim.round < cfg.rounds:
             progress.stop()
-            err.print(
-                f"Stopped after {done} rounds; the rows so far are in {out}/metrics.parquet. "
-                f"Continue from the last checkpoint with: tuner run {cfg.method} --resume --out {out}",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            raise typer.Exit(130) from None
+            saved = RunDir(out).saved_round()
+            advice = (f"continue from its checkpoint of round {saved} with: tuner run {cfg.method} --resume --out {out}" if saved is not None
+                      else "no checkpoint was written yet, so run it again without --resume")  # fmt: skip
+            err.print(f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(130)
     summarize(sim.history, out, time.perf_counter() - t0, done)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+class StopAtRoundEnd:
+    """Ctrl-C or SIGTERM (a scheduler's stop) while a run trains: the first ends the run at the end of its round,
+    with a checkpoint; a second stops it at once."""
+
+    def __init__(self, console: Console):
+        self.console, self.requested = console, False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def signalled(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.console.print("Stopping at the end of this round, with a checkpoint (Ctrl-C again stops at once).", markup=False, highlight=False)
+
+    @contextmanager
+    def installed(self):
+        before = {s: signal.signal(s, self.signalled) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
 
 
 def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -> None:
@@ -375,9 +403,5 @@ def data_show(
     console.print(f"partition drawn to {out}")
 
 
-def main() -> None:
-    app()
-
-
 if __name__ == "__main__":
-    main()
+    app()

@@ -246,8 +246,8 @@ def _kind(hint: Any) -> str:
     origin, args = get_origin(hint), get_args(hint)
     if origin is Literal:
         return "one of " + ", ".join(map(repr, args))
-    if origin in (Union, UnionType):
-        return " or ".join(_kind(a) for a in args)
+    if origin in (Union, UnionType):  # None, where allowed, means "the default": not worth a word
+        return " or ".join(_kind(a) for a in args if a is not NoneType)
     if hint is NoneType:
         return "None"
     if origin in (tuple, list):
@@ -264,10 +264,12 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     hp_hints = get_type_hints(hp_cls)
     updates, hp = {}, dict(cfg.hparams)
     for name, value in settings.items():
-        if name in RUN_FIELDS:
-            updates[name] = _coerce(name, value, RUN_FIELDS[name])
-        elif name in hp_fields:
-            hp[name] = _coerce(name, value, hp_hints[name])
+        if name in RUN_FIELDS or name in hp_fields:
+            try:
+                typed = _coerce(name, value, RUN_FIELDS[name] if name in RUN_FIELDS else hp_hints[name])
+            except UserError as e:
+                raise UserError(f"{source}: {e}") from None
+            (updates if name in RUN_FIELDS else hp)[name] = typed
         else:
             allowed = ", ".join(list(RUN_FIELDS) + hparam_names(method))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")

@@ -145,6 +145,13 @@ class RunDir:
     def save(self, sim: Simulation) -> None:
         write_atomic(self.checkpoint, lambda p: torch.save(sim.state_dict(), p))
 
+    def saved_round(self) -> int | None:
+        """The round of the checkpoint in this folder, or None where there is none that can be read."""
+        try:
+            return int(torch.load(self.checkpoint, weights_only=True)["round"])
+        except Exception:  # none, or damaged: either way nothing to resume from
+            return None
+
     def load(self, sim: Simulation) -> None:
         if not self.checkpoint.exists():
             raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
@@ -155,8 +162,11 @@ class RunDir:
         sim.load_state_dict(state)
 
 
-def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None) -> Simulation:
-    """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there."""
+def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None,
+        stop_requested: Callable[[], bool] = lambda: False) -> Simulation:
+    """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there.
+    When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
+    continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before."""
     run_dir = RunDir(out)
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
     sim = build_simulation(cfg)
@@ -166,7 +176,7 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
             raise UserError(f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more than {sim.round} to continue it.")
     run_dir.write_config(cfg)
     try:
-        while sim.round < cfg.rounds:
+        while sim.round < cfg.rounds and not stop_requested():
             row = sim.step()
             if on_round:
                 on_round(row)
@@ -175,5 +185,5 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
                 run_dir.save(sim)
     finally:  # a diverging or interrupted run keeps every row it produced
         run_dir.write_metrics(sim.history)
-    run_dir.save(sim)
+    run_dir.save(sim)  # the last round's, or the round a stop was asked at
     return sim

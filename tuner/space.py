@@ -196,7 +196,9 @@ def _distribution(name: str, spec: Any, where: str) -> tuple[optuna.distribution
             raise UserError(f"{where}: search.{name}: {kind} values must be numbers, strings or booleans.")
         return optuna.distributions.CategoricalDistribution(args), (list(args) if kind == "grid" else None)
     if not (isinstance(args, list) and len(args) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args)):
-        raise UserError(f"{where}: search.{name}: {kind} needs [low, high], two numbers, not {args!r}.")
+        text = next((v for v in args if isinstance(v, str) and _number(v) is not None), None) if isinstance(args, list) else None
+        trap = f"; YAML reads {text} as text: write it {_number(text):.1e}" if text else ""  # 1e-4 has no decimal point
+        raise UserError(f"{where}: search.{name}: {kind} needs [low, high], two numbers, not {args!r}{trap}.")
     low, high = args
     if low >= high:
         raise UserError(f"{where}: search.{name}: low {low} must be below high {high}.")
@@ -209,9 +211,21 @@ def _distribution(name: str, spec: Any, where: str) -> tuple[optuna.distribution
     return optuna.distributions.FloatDistribution(float(low), float(high), log=kind == "loguniform"), None
 
 
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _probe_values(dist: optuna.distributions.BaseDistribution) -> list:
+    """Values that stand for all a distribution can produce: every choice; both bounds, and for a float range a
+    value between them with a fraction (an int setting searched by a float range is refused up front)."""
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return list(dist.choices)
+    if isinstance(dist, optuna.distributions.FloatDistribution):
+        inside = dist.low * (dist.high / dist.low) ** 0.37 if dist.log else dist.low + 0.37 * (dist.high - dist.low)
+        return [dist.low, inside, dist.high]
     return [dist.low, dist.high]
 
 

@@ -193,9 +193,15 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
     best = best_of((r for r in grid if r.metrics), lambda r: trial_score(r.metrics, space.select), lambda r: started(r.path))
+    refused = [r.metrics["failed"] for r in grid if r.metrics and r.metrics.get("failed_kind") == "refused"]
+    refusal = UserError(f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {sweep_dir} refused a setting the search gave "
+                        f"({refused[0]}); fix the space and sweep again (--name for a new sweep).") if refused else None  # fmt: skip
     if best is None:
-        raise UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
+        raise refusal or UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
     summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
+    if refusal:  # the search's best so far stays written; no seeds are run on a space that needs fixing
+        write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
+        raise refusal
     if seeds:
         seeds_grid = run_stage(
             sweep_dir, "seeds", base, space.select, space.report_every, res,

@@ -13,7 +13,7 @@ from typing import Any
 from ray import tune
 
 from tuner.config import auto_engine, trial_config, trial_settings
-from tuner.errors import DivergedError, OutOfMemory
+from tuner.errors import DivergedError, OutOfMemory, UserError
 from tuner.files import write_atomic
 from tuner.selection import selection
 
@@ -33,37 +33,39 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
 
     settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
+    placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
     if settings.get("device", "auto") == "auto":  # the trial's share of the cluster decides, not what the node happens to have
         config = {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
-    cfg = trial_config(base, config)
-    if settings.get("engine", "auto") == "auto":
-        cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))
-    sim = build_simulation(cfg)
-    checkpoint = tune.get_checkpoint()
-    if checkpoint:
-        restore(sim, checkpoint)
-    placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
-    while sim.round < cfg.rounds:
-        try:
+    sim = None
+    try:
+        cfg = trial_config(base, config)
+        if settings.get("engine", "auto") == "auto":
+            cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
+        sim = build_simulation(cfg)
+        checkpoint = tune.get_checkpoint()
+        if checkpoint:
+            restore(sim, checkpoint)
+        while sim.round < cfg.rounds:
             row = sim.step()
-        except (DivergedError, OutOfMemory) as e:  # recorded as the trial's failure; the sweep goes on
-            # A divergence recurs from any checkpoint (the run is seeded and resumes exactly), so it is not retried;
-            # out of memory may be a neighbour's on a shared GPU, so it is.
-            failure = {"failed": str(e), "retry": isinstance(e, OutOfMemory)}
-            tune.report({**placement, **selection(sim.history, select), "round": sim.round + 1, **failure})
-            raise
-        checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
-        if not (checkpoint_due or sim.round % report_every == 0):
-            continue
-        metrics = {**placement, **row, **selection(sim.history, select)}
-        if checkpoint_due:
-            with tempfile.TemporaryDirectory() as d:
-                write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
-        else:
-            tune.report(metrics)
+            checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
+            if not (checkpoint_due or sim.round % report_every == 0):
+                continue
+            metrics = {**placement, **row, **selection(sim.history, select)}
+            if checkpoint_due:
+                with tempfile.TemporaryDirectory() as d:
+                    write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
+                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            else:
+                tune.report(metrics)
+    except UserError as e:  # recorded as the trial's failure, with its kind; the sweep goes on
+        # Out of memory may be a neighbour's on a shared GPU, so it is retried; a divergence recurs from any
+        # checkpoint (the run is seeded and resumes exactly), and a setting the run refuses is refused again.
+        history, at = (sim.history, sim.round + 1) if sim else ([], 0)
+        kind = "out of memory" if isinstance(e, OutOfMemory) else "diverged" if isinstance(e, DivergedError) else "refused"
+        tune.report({**placement, **selection(history, select), "round": at, "failed": str(e), "failed_kind": kind, "retry": kind == "out of memory"})
+        raise
 
 
 def restore(sim, checkpoint) -> None:
