@@ -55,7 +55,9 @@ def test_all_grid_uses_the_grid_sampler_over_the_whole_product(tmp_path):
     p = write(tmp_path, "settings: {dataset: digits}\nsearch:\n  lam: {grid: [0, 0.1, 1]}\n  mu: {grid: [0, 0.1]}\nsamples: 2\n")
     space = load_space(p, "gpfl")
     assert space.sampler == "grid" and space.samples == 6
+    assert space.notes == [f"{p}: samples: the grid sampler runs each of its 6 points once, so 6 trials, not 2."]  # said, not silent
     assert isinstance(space.make_sampler(0), optuna.samplers.GridSampler)
+    assert load_space(write(tmp_path, "search:\n  lam: {grid: [0, 1]}\n"), "gpfl").notes == []  # no count given: nothing to say
 
 
 def test_command_line_overrides_and_val_selection(tmp_path):

@@ -221,7 +221,9 @@ def sweep(
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose, compile_cache)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
-    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, sampler {sp.sampler}, selecting by {sp.select} accuracy")
+    for note in sp.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, sampler {sp.sampler}, selecting by {sp.select} accuracy", markup=False)
     summary = run_sweep(sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db)
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]

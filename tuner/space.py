@@ -65,6 +65,7 @@ class Space:
     report_every: int = 1
     stop: Stopping = field(default_factory=Stopping)
     source: str = "space"
+    notes: list[str] = field(default_factory=list)  # what the sweep does otherwise than the file or options say, to print
 
     def base_config(self) -> RunConfig:
         """The fixed settings resolved, with every searched value at its default."""
@@ -151,7 +152,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         report_every=_positive(data.get("report_every", 1), named("report_every")),
         stop=_stopping(data.get("stop"), where, named),
     )  # fmt: skip
-    _check(space, resolved.rounds, named)
+    _check(space, resolved.rounds, named, samples_given="samples" in data)
     if space.select == "val" and resolved.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
@@ -239,7 +240,7 @@ def _stopping(value: Any, where: str, named) -> Stopping:
     return Stopping(**spec)
 
 
-def _check(space: Space, rounds: int, named) -> None:
+def _check(space: Space, rounds: int, named, samples_given: bool) -> None:
     where = space.source
     if space.sampler != "grid" and space.sampler not in SAMPLERS:
         raise UserError(f"{named('sampler')}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
@@ -251,5 +252,8 @@ def _check(space: Space, rounds: int, named) -> None:
     if space.stop.grace is not None and space.stop.grace > rounds:
         raise UserError(f"{named('grace')} ({space.stop.grace}) exceeds the run's {rounds} rounds.")
     if space.sampler == "grid":
-        space.samples = space.grid_points()
+        points = space.grid_points()
+        if samples_given and space.samples != points:  # a grid runs each point once: another count is a slip to say
+            space.notes.append(f"{named('samples')}: the grid sampler runs each of its {points} points once, so {points} trials, not {space.samples}.")
+        space.samples = points
 

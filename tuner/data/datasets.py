@@ -95,7 +95,7 @@ def load_fmnist(data_dir: Path | None, download: bool) -> Dataset:
         "Fashion-MNIST",
         folders,
         "",
-        "install Debian's package dataset-fashion-mnist, or pass --data-dir with the four IDX files.",
+        "install Debian's package dataset-fashion-mnist, or pass --set data_dir=FOLDER with the four IDX files.",
     )
     return Dataset("fmnist", torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), 10, "image")
 
@@ -108,7 +108,7 @@ def load_mnist(data_dir: Path | None, download: bool) -> Dataset:
 
         _download(lambda: torchvision.datasets.MNIST(str(root), train=True, download=True), "mnist")
         _download(lambda: torchvision.datasets.MNIST(str(root), train=False, download=True), "mnist")
-    x, y = _load_idx_dataset("MNIST", folders, "", "pass --data-dir holding MNIST/raw/ (torchvision layout).")
+    x, y = _load_idx_dataset("MNIST", folders, "", "pass --set data_dir=FOLDER holding MNIST/raw/ (torchvision layout).")
     return Dataset("mnist", torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), 10, "image")
 
 
@@ -120,7 +120,7 @@ def load_emnist(data_dir: Path | None, download: bool) -> Dataset:
 
         _download(lambda: torchvision.datasets.EMNIST(str(root), "byclass", train=True, download=True), "emnist")
     x, y = _load_idx_dataset(
-        "EMNIST (byclass)", folders, "emnist-byclass", "pass --data-dir holding EMNIST/raw/ (torchvision layout)."
+        "EMNIST (byclass)", folders, "emnist-byclass", "pass --set data_dir=FOLDER holding EMNIST/raw/ (torchvision layout)."
     )
     x = np.ascontiguousarray(x.transpose(0, 2, 1))  # EMNIST stores images transposed
     # FedPAC's EMNIST groups: digits, upper-case and lower-case letters (byclass label order).
@@ -146,7 +146,7 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool, folder: str, f
         _download(lambda: cls(str(root), train=True, download=True), name)
     missing = [f for f in files if not (base / f).exists()]
     if missing:
-        raise UserError(f"No {name} data at {base} (missing {missing[0]}); pass --data-dir holding {folder}/ (torchvision layout).")
+        raise UserError(f"No {name} data at {base} (missing {missing[0]}); pass --set data_dir=FOLDER holding {folder}/ (torchvision layout).")
     xs, ys = [], []
     for f in files:
         d = _unpickle(base / f)
@@ -196,7 +196,7 @@ def _class_folder(folder: Path, classes: list[str]) -> tuple[list[Path], list[in
 def load_tinyimagenet(data_dir: Path | None, download: bool) -> Dataset:
     base = (data_dir or DEFAULT_ROOT) / "tiny-imagenet-200"
     if not (base / "train").is_dir():
-        raise UserError(f"No Tiny-ImageNet at {base}; unpack tiny-imagenet-200.zip into --data-dir.")
+        raise UserError(f"No Tiny-ImageNet at {base}; unpack tiny-imagenet-200.zip into the folder --set data_dir=FOLDER names.")
     classes = sorted(p.name for p in (base / "train").iterdir() if p.is_dir())
     paths, labels = _class_folder(base / "train", classes)
     index = {c: i for i, c in enumerate(classes)}
@@ -214,7 +214,7 @@ def load_tinyimagenet(data_dir: Path | None, download: bool) -> Dataset:
 def load_cinic10(data_dir: Path | None, download: bool) -> Dataset:
     base = data_dir or DEFAULT_ROOT / "cinic-10"
     if not (base / "train").is_dir():
-        raise UserError(f"No CINIC-10 at {base}; pass --data-dir holding train/, valid/ and test/ class folders.")
+        raise UserError(f"No CINIC-10 at {base}; pass --set data_dir=FOLDER holding train/, valid/ and test/ class folders.")
     classes = sorted(p.name for p in (base / "train").iterdir() if p.is_dir())
     paths, labels = [], []
     for split in ("train", "valid", "test"):
@@ -240,7 +240,7 @@ def load_agnews(data_dir: Path | None, download: bool) -> Dataset:
     base = data_dir or DEFAULT_ROOT / "ag_news_csv"
     files = [base / "train.csv", base / "test.csv"]
     if not all(f.exists() for f in files):
-        raise UserError(f"No AG News CSV files at {base}; pass --data-dir holding train.csv and test.csv.")
+        raise UserError(f"No AG News CSV files at {base}; pass --set data_dir=FOLDER holding train.csv and test.csv.")
     texts, labels = [], []
     for f in files:
         with open(f, newline="", encoding="utf-8") as fh:
@@ -270,7 +270,7 @@ def load_har(data_dir: Path | None, download: bool) -> Dataset:
         folder = base / split / "Inertial Signals"
         label_file = base / split / f"y_{split}.txt"
         if not label_file.exists():
-            raise UserError(f"No UCI HAR data at {base} (missing {label_file.name}); pass --data-dir holding 'UCI HAR Dataset'.")
+            raise UserError(f"No UCI HAR data at {base} (missing {label_file.name}); pass --set data_dir=FOLDER holding 'UCI HAR Dataset'.")
         signals = [np.loadtxt(folder / f"{s}_{split}.txt", dtype=np.float32, ndmin=2) for s in HAR_SIGNALS]
         xs.append(np.stack(signals, axis=1)[:, :, None, :])  # (N, 9 channels, 1, 128 steps)
         ys.append(np.loadtxt(label_file, dtype=np.int64, ndmin=1) - 1)
