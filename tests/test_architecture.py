@@ -28,7 +28,8 @@ def imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            submodules = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+            names = submodules or [node.module]  # `from tuner import papers` depends on tuner.papers, not on tuner's __init__
         out |= {n for n in names if n in known}
     return out
 

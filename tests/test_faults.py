@@ -298,3 +298,21 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
         assert [r["round"] for r in rows].count(1) == 1
         if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
             assert len(pids) >= 2 or rows[-1]["pid"] in killed
+
+
+def test_a_folder_in_use_is_refused_naming_its_process_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    from tuner.errors import UserError
+    from tuner.files import LOCK_FILE, folder_lock
+
+    with folder_lock(tmp_path, "The sweep", "choose another --name"):
+        with pytest.raises(UserError, match=f"The sweep {tmp_path} is in use by process {os.getpid()}; wait for it to end, or choose another --name"):
+            with folder_lock(tmp_path, "The sweep", "choose another --name"):
+                pass
+    assert not (tmp_path / LOCK_FILE).exists()  # released
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    import socket
+
+    (tmp_path / LOCK_FILE).write_text(f"{socket.gethostname()} {gone.pid}")  # left by a process that was killed
+    with folder_lock(tmp_path, "The sweep", "choose another --name"):
+        assert (tmp_path / LOCK_FILE).read_text() == f"{socket.gethostname()} {os.getpid()}"

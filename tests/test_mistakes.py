@@ -48,6 +48,8 @@ MISTAKES = [
     ("run: a batch larger than a client's data", ["run", "fedavg", *DIGITS, "--set", "batch_size=5000"], 2, "without one training batch"),
     ("run: a hyperparameter out of range", ["run", "fedavg", *DIGITS, "--set", "momentum=-1"], 2, "cannot be negative"),
     ("run: --resume where nothing ran", ["run", "fedavg", "--resume", "--out", "{w}/nothing"], 2, "no config.yaml"),
+    ("run: an output folder that holds a run", ["run", "fedavg", *DIGITS, "--out", "{w}/done"], 2, "holds a run already; pass --resume to continue it, or choose another --out"),
+    ("run: --resume without the folder", ["run", "fedavg", "--resume"], 2, "--resume continues the run in the folder --out names"),
     ("run: a config file that is not there", ["run", "fedavg", "--config", "{w}/missing.yaml"], 2, "does not exist"),
     ("run: a config file that is not YAML", ["run", "fedavg", "--config", "{w}/bad.yaml"], 2, "is not valid YAML at line"),
     ("run: a method file that is not there", ["run", "{w}/nothing.py:FedNew", *DIGITS], 2, "does not exist"),

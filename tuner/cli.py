@@ -5,9 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import math
-import signal
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -21,6 +19,7 @@ from rich.table import Table
 from tuner.config import RunConfig, load_yaml, parse_set, resolve_layers, user_path
 from tuner.data.user_data import is_user_data
 from tuner.errors import UserError
+from tuner.interrupts import StopAtRoundEnd
 from tuner.plugins import canonical, method_class
 
 app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
@@ -95,7 +94,7 @@ def run(
     partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet), pac:S (FedPAC, S % uniform), or natural (your data's own clients) [default: dir:0.1]."),
     clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20; with --partition natural, the data's own]."),
     rounds: Optional[int] = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
-    out: Path = typer.Option(Path("results/runs/latest"), callback=absolute, help="Directory for config.yaml, metrics.parquet and checkpoint.pt."),
+    out: Optional[Path] = typer.Option(None, callback=absolute, help="Directory for config.yaml, metrics.parquet and checkpoint.pt; one that holds a run is refused unless --resume [default: results/runs/METHOD-DATE-TIME]."),
     config: Optional[Path] = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     resume: bool = typer.Option(False, help="Continue the run in --out from its checkpoint up to --rounds."),
@@ -103,6 +102,10 @@ def run(
     """Run one federated simulation and write its per-round metrics."""
     from tuner.run import RunDir, run as run_simulation
 
+    if out is None:
+        if resume:
+            raise UserError("--resume continues the run in the folder --out names; name it.")
+        out = user_path(Path("results/runs") / f"{method_class(method).name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if resume:
         cfg = RunDir(out).read_config()
         if cfg.method != canonical(method):
@@ -141,32 +144,6 @@ def run(
             err.print(f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(130)
     summarize(sim.history, out, time.perf_counter() - t0, done)
-
-
-class StopAtRoundEnd:
-    """Ctrl-C or SIGTERM (a scheduler's stop) while a run trains: the first ends the run at the end of its round,
-    with a checkpoint; a second stops it at once."""
-
-    def __init__(self, console: Console):
-        self.console, self.requested = console, False
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def signalled(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.console.print("Stopping at the end of this round, with a checkpoint (Ctrl-C again stops at once).", markup=False, highlight=False)
-
-    @contextmanager
-    def installed(self):
-        before = {s: signal.signal(s, self.signalled) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in before.items():
-                signal.signal(s, handler)
 
 
 def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -> None:

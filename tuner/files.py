@@ -5,6 +5,8 @@ the previous version in place and never half a file for `tuner report` or a resu
 from __future__ import annotations
 
 import os
+import socket
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -53,3 +55,50 @@ def unwritable_reason(folder: Path, nbytes: int, keep_as: Path | None = None) ->
         return e.strerror or str(e)
     finally:
         probe.unlink(missing_ok=True)
+
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str, change: str):
+    """Hold `folder` for this process while it writes there: a second command on the same folder (two sweeps of
+    one name, a run resumed twice) is refused in one sentence naming the holder; a lock left by a process that
+    is gone (killed) is taken over. `change`: what the user may change instead (an option)."""
+    from tuner.errors import UserError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock, mine = folder / LOCK_FILE, folder / f"{LOCK_FILE}.{os.getpid()}"
+    mine.write_text(f"{socket.gethostname()} {os.getpid()}")
+    try:
+        while True:
+            try:
+                os.link(mine, lock)  # atomic, and fails where a lock exists: the lock appears whole or not at all
+                break
+            except FileExistsError:
+                try:
+                    host, _, pid = lock.read_text().strip().partition(" ")
+                except FileNotFoundError:  # released meanwhile
+                    continue
+                if host == socket.gethostname() and not _alive(int(pid)):
+                    lock.unlink(missing_ok=True)  # its process is gone (killed): take it over
+                    continue
+                where = f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+                raise UserError(f"{what} {folder} is in use by {where}; wait for it to end, or {change} "
+                                f"(if that process is gone, delete {lock}).") from None  # fmt: skip
+    finally:
+        mine.unlink(missing_ok=True)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True

@@ -67,6 +67,7 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     """Run every runnable cell of `table` with `seeds` seeds; returns the experiment's directory and what was left out."""
     from ray import tune
 
+    from tuner.files import ensure_writable, folder_lock
     from tuner.sweep.stages import run_stage, seed_grid
     from tuner.sweep.stopping import stoppers
 
@@ -80,11 +81,13 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     if not resume and (sweep_dir / "reproduce").exists():
         raise UserError(f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage.")
     base = {"rounds": rounds, **settings}
-    run_stage(
-        sweep_dir, "reproduce", base, "test", 1, res,
-        param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
-        stopper=stoppers(patience, None), samples=1, expected=len(todo) * seeds, rounds=rounds,
-        resume=resume, extra={"table": table, "paper": paper_name},
-    )  # fmt: skip
+    ensure_writable(sweep_dir, "the sweep's storage")
+    with folder_lock(sweep_dir, "The reproduction", "choose another --storage"):
+        run_stage(
+            sweep_dir, "reproduce", base, "test", 1, res,
+            param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
+            stopper=stoppers(patience, None), samples=1, expected=len(todo) * seeds, rounds=rounds,
+            resume=resume, extra={"table": table, "paper": paper_name},
+        )  # fmt: skip
     return sweep_dir, skipped
 

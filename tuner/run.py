@@ -26,7 +26,7 @@ from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
 from tuner.executors import EngineSettings
 from tuner.errors import UserError
-from tuner.files import ensure_writable, write_atomic, write_text_atomic
+from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
 
@@ -169,6 +169,13 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
     continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before."""
     run_dir = RunDir(out)
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
+    if not resume and run_dir.config.exists():
+        raise UserError(f"{run_dir.path} holds a run already; pass --resume to continue it, or choose another --out.")
+    with folder_lock(run_dir.path, "The run folder", "choose another --out"):
+        return _run(cfg, run_dir, resume, on_round, stop_requested)
+
+
+def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested) -> Simulation:
     sim = build_simulation(cfg)
     if resume:
         run_dir.load(sim)

@@ -25,7 +25,7 @@ from ray.tune import Callback
 
 from tuner.config import TRIAL_RETRIES, user_path
 from tuner.errors import Interrupted, UserError
-from tuner.files import ensure_writable, unwritable_reason, write_text_atomic
+from tuner.files import ensure_writable, folder_lock, unwritable_reason, write_text_atomic
 from tuner.selection import SCORE, best_of, started, trial_dirname, trial_score
 from tuner.space import Space
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
@@ -167,8 +167,6 @@ def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
 def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary_partition: bool = False, resume: bool = False,
           study_db: Path | None = None) -> dict:  # fmt: skip
     """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
-    from ray.tune.search.optuna import OptunaSearch
-
     quiet(res.verbose)
     sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
     search_dir = sweep_dir / "search"
@@ -176,6 +174,16 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
         raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")
     if resume and not search_dir.exists():
         raise UserError(f"{sweep_dir} holds no sweep to resume; drop --resume to start it.")
+    check_request(res)  # a request no node meets, and a storage that cannot be written, before the lock
+    ensure_writable(sweep_dir, "the sweep's storage")
+    with folder_lock(sweep_dir, "The sweep", "choose another --name"):
+        return _sweep(space, sweep_dir, res, seeds, vary_partition, resume, study_db)
+
+
+def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_partition: bool, resume: bool, study_db: Path | None) -> dict:
+    from ray.tune.search.optuna import OptunaSearch
+
+    search_dir = sweep_dir / "search"
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
     restoring = resume and tune.Tuner.can_restore(str(search_dir))
