@@ -85,6 +85,7 @@ MISTAKES = [
     ("data show: an unknown dataset", ["data", "show", "--dataset", "imagenet", "--out", "{w}/p.png"], 2, "Unknown dataset 'imagenet'"),
     ("data show: zero clients", ["data", "show", "--dataset", "digits", "--clients", "0", "--out", "{w}/p.png"], 2, "--clients: Setting clients must be at least 1, not 0"),
     ("data show: an impossible partition", ["data", "show", "--dataset", "digits", "--partition", "pat:11", "--out", "{w}/p.png"], 2, "11 classes per client"),
+    ("data show: --out naming a folder", ["data", "show", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--out", "{w}/empty-folder"], 2, "empty-folder (Is a directory)"),
     ("methods: a template name with spaces", ["methods", "--template", "Fed New"], 2, "must be lower case letters"),
 ]
 

@@ -18,6 +18,9 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:  # named by the path the user asked for, not the temporary file they never typed
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
