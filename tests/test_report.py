@@ -77,6 +77,23 @@ def test_report_rebuilds_the_papers_table(results, tmp_path):
     assert list(out.glob("curves-fmnist-pat2-20.png")) and list(out.glob("sweep-gpfl.png"))
 
 
+def test_a_report_stopped_midway_leaves_the_last_one_as_it_was(results, tmp_path, monkeypatch):
+    import tuner.report.write
+
+    out = tmp_path / "report"
+    assert CliRunner().invoke(app, ["report", str(results), "--out", str(out)]).exit_code == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    write_run(results / "runs" / "late", "fedper", [0.5, 0.6, 0.7])  # a run the next report would add
+
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuner.report.write, "plot_sweeps", ctrl_c)  # the last step: every table is made by then
+    res = CliRunner().invoke(app, ["report", str(results), "--out", str(out)])
+    assert res.exit_code == 130 and "Stopped (Ctrl-C)" in res.output and "Traceback" not in res.output, res.output
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # nothing half-written, no new file, no staging folder
+
+
 def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp_path):
     import shutil
 

@@ -3,6 +3,8 @@ tables (Parquet, Markdown, LaTeX) with their agreement, each sweep's best config
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -22,28 +24,36 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
         raise UserError(f"--select must be test or val, not {select!r}.")
     runs, unreadable = find_runs(paths)
     out.mkdir(parents=True, exist_ok=True)
-    per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
-    per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
-    summaries = pd.DataFrame([summarize(r, select) for r in runs])
-    summaries["cell"] = [paper_cell(r["config"]) for r in runs]
-    tables = paper_tables(summaries, papers.load_tables())
-    write_atomic(out / "rounds.parquet", lambda p: per_round.to_parquet(p, index=False))
-    write_atomic(out / "runs.parquet", lambda p: summaries.drop(columns="cell").to_parquet(p, index=False))
-    written = [out / "rounds.parquet", out / "runs.parquet"]
-    rules = sorted(set(summaries["selected_by"]))
-    note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
-    if not tables.empty:
-        write_atomic(out / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
-        write_atomic(out / "agreement.parquet", lambda p: agreement(tables).to_parquet(p, index=False))
-        write_text_atomic(out / "tables.md", note + render(tables, "markdown"))
-        write_text_atomic(out / "tables.tex", render(tables, "latex"))
-        written += [out / "tables.parquet", out / "agreement.parquet", out / "tables.md", out / "tables.tex"]
-    best = best_configs(runs, summaries)
-    if not best.empty:
-        write_atomic(out / "best.parquet", lambda p: best.to_parquet(p, index=False))
-        write_text_atomic(out / "best.md", note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
-        written += [out / "best.parquet", out / "best.md"]
-    written += plot_curves(runs, summaries, out) + plot_sweeps(runs, summaries, out)
+    stage = out / f".report-{os.getpid()}"  # the whole report is made here first: a stop midway leaves out as it was
+    stage.mkdir(exist_ok=True)
+    try:
+        per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
+        per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
+        summaries = pd.DataFrame([summarize(r, select) for r in runs])
+        summaries["cell"] = [paper_cell(r["config"]) for r in runs]
+        tables = paper_tables(summaries, papers.load_tables())
+        write_atomic(stage / "rounds.parquet", lambda p: per_round.to_parquet(p, index=False))
+        write_atomic(stage / "runs.parquet", lambda p: summaries.drop(columns="cell").to_parquet(p, index=False))
+        written = [stage / "rounds.parquet", stage / "runs.parquet"]
+        rules = sorted(set(summaries["selected_by"]))
+        note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
+        if not tables.empty:
+            write_atomic(stage / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
+            write_atomic(stage / "agreement.parquet", lambda p: agreement(tables).to_parquet(p, index=False))
+            write_text_atomic(stage / "tables.md", note + render(tables, "markdown"))
+            write_text_atomic(stage / "tables.tex", render(tables, "latex"))
+            written += [stage / "tables.parquet", stage / "agreement.parquet", stage / "tables.md", stage / "tables.tex"]
+        best = best_configs(runs, summaries)
+        if not best.empty:
+            write_atomic(stage / "best.parquet", lambda p: best.to_parquet(p, index=False))
+            write_text_atomic(stage / "best.md", note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
+            written += [stage / "best.parquet", stage / "best.md"]
+        written += plot_curves(runs, summaries, stage) + plot_sweeps(runs, summaries, stage)
+        for made in written:
+            os.replace(made, out / made.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    written = [out / made.name for made in written]
     missing = int(summaries["selected_acc"].isna().sum())
     return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing, "unreadable": unreadable,
             "tables": tables, "best": best, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
