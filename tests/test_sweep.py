@@ -142,6 +142,18 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_a_sweep_ended_by_its_round_budget_says_so(tmp_path, ray_local):
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY)
+    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--max-total-rounds", "4", "--max-concurrent", "1"])
+    assert res.exit_code == 0, res.output
+    assert "round budget" in " ".join(res.output.split())
+    summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
+    assert summary["ended_by"].startswith("the round budget") and "max_total_rounds 4" in summary["ended_by"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_trial_refusing_its_setting_is_not_retried_and_the_sweep_does_not_exit_0(tmp_path, ray_local):
     """batch_size 5000 passes the space's checks (any int is a batch size) but no client holds a batch that
     large: the trial fails once, with the run's sentence, and the sweep says so with exit code 2."""
@@ -210,6 +222,23 @@ def test_stopping_rules():
     assert selection(tied, "val")["best_round"] == 1 and score(0.7, 1) > score(0.7, 4) > score(0.699999, 1)
     old = {"best_val_acc": 0.7, "best_acc": 0.8, "best_round": 3}  # a trial's result from before scores were reported
     assert trial_score(old, "val") == score(0.7, 3) and trial_score(old, "test") == score(0.8, 3) and trial_score({**old, "score": 0.5}, "val") == 0.5
+
+
+def test_a_resumed_sweeps_round_budget_counts_the_rounds_its_trials_ran_before(tmp_path):
+    """Tune saves the stopper when the sweep begins; resumed, it counts what the trials' files hold."""
+    import pickle
+
+    for trial_id, rounds in (("a", 4), ("b", 3)):
+        (tmp_path / f"federated_trial_{trial_id}").mkdir()
+        rows = [json.dumps({"trial_id": trial_id, "round": r}) for r in range(1, rounds + 1)]
+        (tmp_path / f"federated_trial_{trial_id}" / "result.json").write_text("\n".join(rows) + '\n{"trial_id": "a", "rou')  # cut by a kill
+    saved = pickle.dumps(RoundBudget(10, tmp_path))  # as Tune stores it with the experiment, before any round
+    budget = pickle.loads(saved)
+    assert not budget.stop_all()  # 4 + 3 before the resume
+    budget("b", {"round": 4})  # b goes on
+    assert not budget.stop_all()
+    budget("c", {"round": 2})
+    assert budget.stop_all()  # 4 + 4 + 2
 
 
 def _sweep_cmd(space, storage, *extra):

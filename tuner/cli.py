@@ -207,6 +207,8 @@ def sweep(
     table.add_row("best configuration", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()))
     table.add_row("chosen by", chosen_by(sp.select, best.get("best_val_acc"), best.get("best_val_round")))
     table.add_row("selected test accuracy", f"{100 * best['selected_acc']:.2f}% (round {best['best_round']})")
+    if summary.get("ended_by"):
+        table.add_row("ended by", escape(summary["ended_by"]))
     if summary.get("seeds"):
         import numpy as np
 

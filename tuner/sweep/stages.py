@@ -196,7 +196,7 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
         )  # fmt: skip
     grid = run_stage(
         sweep_dir, "search", base, space.select, space.report_every, res,
-        searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds),
+        searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
         samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
         extra={"method": space.method, "space": space.source, "sampler": space.sampler},
     )  # fmt: skip
@@ -207,6 +207,9 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     if best is None:
         raise refusal or UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
     summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
+    spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.max_total_rounds
+    if budget and spent >= budget:  # trials stopped short by the budget: said, not left to look like early stopping
+        summary["ended_by"] = f"the round budget: {spent} rounds over all trials reached max_total_rounds {budget}"
     if refusal:  # the search's best so far stays written; no seeds are run on a space that needs fixing
         write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
         raise refusal

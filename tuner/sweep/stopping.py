@@ -3,6 +3,9 @@ whole sweep, and failures that a retry would only meet again."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
@@ -22,18 +25,37 @@ class Patience(Stopper):
 
 
 class RoundBudget(Stopper):
-    """End the sweep once its trials have run `max_total_rounds` rounds together."""
+    """End the sweep once its trials have run `max_total_rounds` rounds together. Tune saves a stopper once, when
+    the sweep begins, so a resumed sweep's budget first counts, from `experiment`'s files, the rounds its trials
+    ran before."""
 
-    def __init__(self, max_total_rounds: int):
-        self.max_total_rounds = max_total_rounds
+    def __init__(self, max_total_rounds: int, experiment: Path | None = None):
+        self.max_total_rounds, self.experiment = max_total_rounds, experiment
         self.rounds: dict[str, int] = {}
+        self.counted_before = False
 
     def __call__(self, trial_id, result):
+        self._count_before()
         self.rounds[trial_id] = result["round"]
         return False
 
     def stop_all(self):
+        self._count_before()
         return sum(self.rounds.values()) >= self.max_total_rounds
+
+    def _count_before(self) -> None:
+        if self.counted_before or self.experiment is None:
+            return
+        self.counted_before = True
+        for results in self.experiment.glob("*/result.json"):
+            lines = [line for line in results.read_text().splitlines() if line.strip()]
+            for line in reversed(lines):  # the last whole row (a kill may cut the last line short)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.rounds.setdefault(row["trial_id"], row.get("round", 0))
+                break
 
 
 def asha(grace: int | None, rounds: int) -> ASHAScheduler | None:
@@ -41,8 +63,8 @@ def asha(grace: int | None, rounds: int) -> ASHAScheduler | None:
     return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace) if grace else None
 
 
-def stoppers(patience: int | None, max_total_rounds: int | None) -> Stopper | None:
-    rules = ([Patience(patience)] if patience else []) + ([RoundBudget(max_total_rounds)] if max_total_rounds else [])
+def stoppers(patience: int | None, max_total_rounds: int | None, experiment: Path | None = None) -> Stopper | None:
+    rules = ([Patience(patience)] if patience else []) + ([RoundBudget(max_total_rounds, experiment)] if max_total_rounds else [])
     return CombinedStopper(*rules) if rules else None
 
 
