@@ -94,6 +94,24 @@ def test_a_report_stopped_midway_leaves_the_last_one_as_it_was(results, tmp_path
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # nothing half-written, no new file, no staging folder
 
 
+def test_a_sweep_still_running_is_reported_as_running_not_as_stopped_early(tmp_path):
+    import os
+    import socket
+
+    from tuner.files import LOCK_FILE
+
+    sweep = tmp_path / "sweeps" / "gpfl"
+    write_experiment(sweep / "search", "search", {"method": "gpfl", **PAT, "rounds": 5}, [({"lam": 0.01}, rows([0.85, 0.88])), ({"lam": 1.0}, rows([0.6] * 5))])
+    (sweep / LOCK_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")  # as the sweep's own process holds it
+    res = CliRunner().invoke(app, ["report", str(sweep), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0 and f"sweep {sweep} is running (process {os.getpid()}): 1 trials unfinished" in " ".join(res.output.split()), res.output
+    best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
+    assert best["stopped_early"] == 0 and best["running"].startswith("running")
+    (sweep / LOCK_FILE).unlink()  # the sweep ended: its unfinished trial was stopped early
+    assert CliRunner().invoke(app, ["report", str(sweep), "--out", str(tmp_path / "r")]).exit_code == 0
+    assert pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]["stopped_early"] == 1
+
+
 def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp_path):
     import shutil
 

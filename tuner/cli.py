@@ -277,6 +277,9 @@ def report(
         err.print(f"{result['unselectable']} runs have no accuracy to select by ({'validation' if select == 'val' else 'no evaluated round'}) and are left out of the tables.")
     if result["tables"].empty:
         console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
+    for sweep in result["best"].to_dict("records") if not result["best"].empty else []:
+        if sweep["running"]:
+            err.print(f"note: sweep {sweep['path']} is {sweep['running']}; its figures are those so far.", markup=False, soft_wrap=True)
     _print_tables(result["tables"])
     _print_best(result["best"])
     console.print("written: " + ", ".join(str(p) for p in result["files"]))

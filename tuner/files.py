@@ -79,15 +79,11 @@ def folder_lock(folder: Path, what: str, change: str):
                 os.link(mine, lock)  # atomic, and fails where a lock exists: the lock appears whole or not at all
                 break
             except FileExistsError:
-                try:
-                    host, _, pid = lock.read_text().strip().partition(" ")
-                except FileNotFoundError:  # released meanwhile
+                holder = lock_holder(folder)
+                if holder is None:  # released meanwhile, or left by a process that is gone (killed): take it over
+                    lock.unlink(missing_ok=True)
                     continue
-                if host == socket.gethostname() and not _alive(int(pid)):
-                    lock.unlink(missing_ok=True)  # its process is gone (killed): take it over
-                    continue
-                where = f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
-                raise UserError(f"{what} {folder} is in use by {where}; wait for it to end, or {change} "
+                raise UserError(f"{what} {folder} is in use by {holder}; wait for it to end, or {change} "
                                 f"(if that process is gone, delete {lock}).") from None  # fmt: skip
     finally:
         mine.unlink(missing_ok=True)
@@ -95,6 +91,18 @@ def folder_lock(folder: Path, what: str, change: str):
         yield
     finally:
         lock.unlink(missing_ok=True)
+
+
+def lock_holder(folder: Path) -> str | None:
+    """Who holds `folder` now ("process 123", "process 123 on node-2"), or None: no lock, or one whose process
+    on this machine is gone. A lock from another machine is taken as held (its process cannot be asked)."""
+    try:
+        host, _, pid = (Path(folder) / LOCK_FILE).read_text().strip().partition(" ")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if host == socket.gethostname():
+        return f"process {pid}" if pid.isdigit() and _alive(int(pid)) else None
+    return f"process {pid} on {host}"
 
 
 def _alive(pid: int) -> bool:

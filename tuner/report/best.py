@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.config import RunConfig
+from tuner.files import lock_holder
 from tuner.report.runs import best_run
 from tuner.selection import SCORE
 
@@ -20,8 +21,11 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
     for experiment, trials in search.groupby("experiment", sort=True):
         sweep_dir = Path(experiment).parent
         scored = trials[trials[SCORE].notna()]
+        unfinished = int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())
+        running = lock_holder(sweep_dir)  # while the sweep runs, an unfinished trial may be running, not stopped
         row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
-               "failed": int((trials["failed"] != "").sum()), "stopped_early": int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())}  # fmt: skip
+               "failed": int((trials["failed"] != "").sum()), "stopped_early": 0 if running else unfinished,
+               "running": f"running ({running}): {unfinished} trials unfinished" if running else ""}  # fmt: skip
         if not scored.empty:
             best = scored.loc[best_run(scored)]  # by the selection rule, as the sweep's console chose
             cfg = runs[best.name]["config"]
@@ -40,7 +44,7 @@ def _short(value) -> str:
 
 
 def best_markdown(best: pd.DataFrame) -> str:
-    shown = best.drop(columns=["path"]).copy()
+    shown = best.drop(columns=["path"] + ([] if best["running"].any() else ["running"])).copy()
     for col in ("val_acc", "selected_acc", "seeds_mean", "seeds_std"):
         if col in shown:
             shown[col] = (100 * shown[col]).round(2)
