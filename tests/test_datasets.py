@@ -44,19 +44,26 @@ def test_mnist_and_emnist_torchvision_layout(tmp_path):
     assert torch.equal(ds.x[0, 0], torch.from_numpy(raw[0].T.copy()))  # EMNIST is stored transposed
 
 
-def test_cifar_pickles(tmp_path):
+def test_cifar_pickles(tmp_path, monkeypatch):
+    import torchvision
+
     base = tmp_path / "cifar-10-batches-py"
     base.mkdir()
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         with open(base / name, "wb") as f:
-            pickle.dump({b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": [0, 1, 2, 9]}, f)
+            pickle.dump({"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), "labels": [0, 1, 2, 9]}, f)
+    with pytest.raises(UserError, match="No whole cifar10 at .*cifar-10-batches-py \\(dataset not found or corrupted\\)"):
+        load_dataset("cifar10", tmp_path, download=False)  # files that are not the release's (md5): refused, in one sentence
+    (base / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args: True)  # these small files stand for the release
     ds = load_dataset("cifar10", tmp_path, download=False)
     assert ds.x.shape == (24, 3, 32, 32) and ds.y[:4].tolist() == [0, 1, 2, 9]
     base = tmp_path / "cifar-100-python"
     base.mkdir()
+    (base / "meta").write_bytes(pickle.dumps({"fine_label_names": [str(i) for i in range(100)]}))
     for name in ("train", "test"):
         with open(base / name, "wb") as f:
-            pickle.dump({b"data": rng.integers(0, 256, (3, 3072), dtype=np.uint8), b"fine_labels": [5, 50, 99]}, f)
+            pickle.dump({"data": rng.integers(0, 256, (3, 3072), dtype=np.uint8), "fine_labels": [5, 50, 99]}, f)
     ds = load_dataset("cifar100", tmp_path, download=False)
     assert ds.num_classes == 100 and ds.y.tolist() == [5, 50, 99] * 2
 

@@ -28,6 +28,7 @@ MISTAKES = [
     ("run: a partition name misspelt", ["run", "fedavg", "--dataset", "digits", "--partition", "dirichlet"], 2, "not understood"),
     ("run: a backbone the images do not fit", ["run", "fedavg", *DIGITS, "--set", "backbone=cnn4"], 2, "backbone=mlp"),
     ("run: an unknown backbone", ["run", "fedavg", *DIGITS, "--set", "backbone=vit"], 2, "Unknown backbone 'vit'"),
+    ("run: a CIFAR-10 download cut short", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir={w}/cifar", "--set", "download=false"], 2, "No whole cifar10 at"),
     ("run: data that is not there", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], 2, "/nonexistent"),
     ("run: zero rounds", ["run", "fedavg", "--dataset", "digits", "--rounds", "0"], 2, "--rounds: Setting rounds must be at least 1, not 0"),
     ("run: zero clients", ["run", "fedavg", "--dataset", "digits", "--clients", "0"], 2, "--clients: Setting clients must be at least 1, not 0"),
@@ -103,6 +104,9 @@ def workspace(tmp_path_factory):
     damaged.mkdir()
     (damaged / "config.yaml").write_text("method: fedavg\ndataset: digits\n")
     (damaged / "metrics.parquet").write_bytes(b"PAR1 cut short")
+    cut = w / "cifar" / "cifar-10-batches-py"  # a download cut short: one batch, half of it
+    cut.mkdir(parents=True)
+    (cut / "data_batch_1").write_bytes(b"\x80\x04\x95 half a pickle")
     (w / "zero-clients.yaml").write_text("dataset: digits\nclients: 0\n")
     (w / "zero-rounds.yaml").write_text("method: gpfl\nsettings: {dataset: digits, rounds: 0}\nsearch:\n  lam: {loguniform: [0.0001, 1]}\n")
     rng = np.random.default_rng(0)

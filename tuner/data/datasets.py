@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import pickle
 import re
 from collections import Counter
 from pathlib import Path
@@ -131,37 +130,31 @@ def load_emnist(data_dir: Path | None, download: bool) -> Dataset:
 # ---------------------------------------------------------------- CIFAR (python pickles)
 
 
-def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")
-
-
-def _load_cifar(name: str, data_dir: Path | None, download: bool, folder: str, files: list[str], label_key: bytes, classes: int) -> Dataset:
+def _load_cifar(name: str, data_dir: Path | None, download: bool, kind: str, classes: int) -> Dataset:
+    """Read through torchvision's own class, which checks every file's md5: a damaged or partial file is one
+    sentence, never an unpickling error."""
     import torchvision
 
     root = data_dir or DEFAULT_ROOT
-    base = root / folder
-    if download and not base.exists():
-        cls = torchvision.datasets.CIFAR10 if classes == 10 else torchvision.datasets.CIFAR100
+    cls = getattr(torchvision.datasets, kind)
+    if download and not (root / cls.base_folder).exists():
         _download(lambda: cls(str(root), train=True, download=True), name)
-    missing = [f for f in files if not (base / f).exists()]
-    if missing:
-        raise UserError(f"No {name} data at {base} (missing {missing[0]}); pass --set data_dir=FOLDER holding {folder}/ (torchvision layout).")
-    xs, ys = [], []
-    for f in files:
-        d = _unpickle(base / f)
-        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(d[label_key], dtype=np.int64))
-    return Dataset(name, torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)), classes, "image")
+    try:
+        parts = [cls(str(root), train=train) for train in (True, False)]
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+        raise UserError(f"No whole {name} at {root / cls.base_folder} ({str(e).split('.')[0].lower()}); pass --set data_dir=FOLDER "
+                        f"holding {cls.base_folder}/ as torchvision unpacks it, or download it again.") from None  # fmt: skip
+    x = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # torchvision keeps (N, H, W, C)
+    y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
+    return Dataset(name, torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), classes, "image")
 
 
 def load_cifar10(data_dir: Path | None, download: bool) -> Dataset:
-    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    return _load_cifar("cifar10", data_dir, download, "cifar-10-batches-py", files, b"labels", 10)
+    return _load_cifar("cifar10", data_dir, download, "CIFAR10", 10)
 
 
 def load_cifar100(data_dir: Path | None, download: bool) -> Dataset:
-    return _load_cifar("cifar100", data_dir, download, "cifar-100-python", ["train", "test"], b"fine_labels", 100)
+    return _load_cifar("cifar100", data_dir, download, "CIFAR100", 100)
 
 
 # ---------------------------------------------------------------- image folders
