@@ -57,6 +57,8 @@ MISTAKES = [
     ("run: a dataset file that is not there", ["run", "fedavg", "--dataset", "{w}/missing.parquet"], 2, "does not exist"),
     ("run: a natural partition of a built-in dataset", ["run", "fedavg", "--dataset", "digits", "--partition", "natural"], 2, "digits names none"),
     ("run: an output folder inside a file", ["run", "fedavg", *DIGITS, "--out", "{w}/a-file/run"], 2, "Cannot write to the run folder"),
+    ("sweep: --study-db naming a folder", ["sweep", "gpfl", "--space", DEMO, "--storage", "{w}/s", "--study-db", "{w}/empty-folder"], 2, "empty-folder is a folder; name a file"),
+    ("sweep: --study-db that is not SQLite", ["sweep", "gpfl", "--space", DEMO, "--storage", "{w}/s", "--study-db", "{w}/bad.yaml"], 2, "cannot be opened as an SQLite file"),
     ("sweep: a space file that is not there", ["sweep", "gpfl", "--space", "{w}/missing.yaml"], 2, "does not exist"),
     ("sweep: a space file with an unknown key", ["sweep", "gpfl", "--space", "{w}/typo.yaml"], 2, "unknown key 'serach'"),
     ("sweep: another method's space", ["sweep", "fedavg", "--space", DEMO], 2, "is a space for gpfl, not fedavg"),

@@ -189,7 +189,7 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     restoring = resume and tune.Tuner.can_restore(str(search_dir))
     searcher = None
     if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
-        storage = optuna.storages.RDBStorage(f"sqlite:///{study_db.resolve()}") if study_db else None
+        storage = study_storage(study_db) if study_db else None
         searcher = OptunaSearch(
             space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
             study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
@@ -225,6 +225,17 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
     return summary
 
+
+
+def study_storage(path: Path) -> optuna.storages.RDBStorage:
+    """The Optuna study kept in an SQLite file; a folder, or a file that cannot be opened, is one sentence."""
+    if path.is_dir():
+        raise UserError(f"--study-db {path} is a folder; name a file, e.g. {path / 'study.db'}.")
+    try:
+        return optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
+    except Exception as e:  # sqlalchemy's OperationalError, or a file that is not SQLite
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise UserError(f"--study-db {path} cannot be opened as an SQLite file ({reason}); name a file in a folder you can write to.") from None
 
 
 def _plain(obj):
