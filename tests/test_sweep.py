@@ -311,6 +311,31 @@ def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_p
     assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [8, 8]
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_130(tmp_path, spawn):
+    """Ctrl-C as a terminal sends it, to the whole process group (Ray's processes too, had they not blocked it): once
+    while Ray starts (the sweep's folder exists, no trial yet), once while trials run; either way exit 130 with one
+    line, no traceback, no crash, and a stopped search resumes to the end."""
+    space = tmp_path / "ctrl.yaml"
+    space.write_text(TINY.replace("samples: 3", "samples: 4"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    experiment = tmp_path / "fedavg-ctrl" / "search"
+    for ready in (lambda: (tmp_path / "fedavg-ctrl").exists(), lambda: len(trials_so_far(experiment)) >= 2):
+        proc = spawn(_sweep_cmd(space, tmp_path, *(["--resume"] if experiment.exists() else [])), cwd=ROOT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        deadline = time.time() + 240
+        while not ready():
+            assert proc.poll() is None and time.time() < deadline, "the sweep ended before the moment came"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "Traceback" not in out and "Stopped" in out, out
+    res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [3, 3, 3, 3]
+
+
 def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
     # The SIGTERM test above once saw a trial report round 8 of 8 and the stop land before Tune completed it:
     # the sweep called it unfinished while its rows were whole.

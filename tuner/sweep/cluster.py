@@ -61,12 +61,22 @@ def start_ray(res: Resources) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    main = threading.current_thread() is threading.main_thread()
+    # Ray's processes (its head, and the workers it starts) inherit a blocked SIGINT: a terminal's Ctrl-C, sent to the
+    # whole process group, reaches this process alone, which stops the sweep as one (a Ctrl-C that reached Ray's
+    # processes while they started could crash them, or be lost, and the sweep ran on). One during the start
+    # arrives when it is unblocked, below.
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
     except ConnectionError as e:
         raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
-    if threading.current_thread() is threading.main_thread():  # after ray.init, which installs its own handler
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if main:  # after ray.init, which installs its own handler
         signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
 
 
