@@ -28,7 +28,7 @@ from algorithms import METHODS
 from tuner import papers, reproduce
 from tuner.config import trial_config
 from tuner.run import build_data, build_method, build_simulation, check_batches
-from written_data import write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
+from written_data import accept_written_cifar, write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
 
 CPU = torch.device("cpu")
 TRAIN_UP_TO = 20  # clients; larger settings are built, and one 100-client FedPAC cell is trained
@@ -37,6 +37,8 @@ COST = ["fmnist", "mnist", "emnist", "cifar10", "cinic10", "agnews", "cifar100",
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
+    patch = pytest.MonkeyPatch()
+    accept_written_cifar(patch)
     root = tmp_path_factory.mktemp("tables")
     write_mnist_like(root / "fmnist", n_train=1000, n_test=200)
     write_mnist_like(root / "mnist" / "MNIST" / "raw", n_train=1000, n_test=200, compress=False)
@@ -47,7 +49,8 @@ def data_root(tmp_path_factory):
     write_tinyimagenet(root / "tinyimagenet", 200, 2)
     write_cinic10(root / "cinic10", 25)
     write_agnews(root / "agnews", 1000)  # four classes at beta 0.1: most clients hold one class
-    return root
+    yield root
+    patch.undo()
 
 
 def cell_config(cell: dict, root):
