@@ -241,6 +241,21 @@ def test_a_resumed_sweeps_round_budget_counts_the_rounds_its_trials_ran_before(t
     assert budget.stop_all()  # 4 + 4 + 2
 
 
+def test_once_a_stage_is_stopping_its_search_suggests_no_trial():
+    from optuna.distributions import FloatDistribution
+
+    from tuner.sweep.stages import INTERRUPTED, StoppableOptunaSearch
+
+    search = StoppableOptunaSearch(space={"lr": FloatDistribution(0.001, 0.1, log=True)}, metric="score", mode="max")
+    INTERRUPTED.clear()
+    assert "lr" in search.suggest("a")
+    INTERRUPTED.set()  # the first Ctrl-C
+    try:
+        assert search.suggest("b") is None  # Tune asks again later; by then it has stopped
+    finally:
+        INTERRUPTED.clear()
+
+
 def _sweep_cmd(space, storage, *extra):
     return [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(storage), *extra]
 

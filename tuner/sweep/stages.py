@@ -22,6 +22,7 @@ import ray
 import yaml
 from ray import tune
 from ray.tune import Callback
+from ray.tune.search.optuna import OptunaSearch
 
 from tuner.config import TRIAL_RETRIES, user_path
 from tuner.errors import Interrupted, UserError
@@ -114,6 +115,10 @@ def run_stage(
     reserve = sweep_dir / RESERVE_FILE
     storage_failures.pop(str(reserve), None)
     stage_counts.update(early=0, failed=0, done=0)
+    main = threading.current_thread() is threading.main_thread()
+    INTERRUPTED.clear()
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is _ctrl_c's, which asks Tune to stop in its stead
+    previous = signal.signal(signal.SIGINT, _ctrl_c) if main else None
     try:
         reason = unwritable_reason(sweep_dir, STORAGE_RESERVE, keep_as=reserve)
         if reason:
@@ -126,6 +131,9 @@ def run_stage(
         raise storage_failed(sweep_dir, reason) from None
     finally:
         reserve.unlink(missing_ok=True)
+        if main:
+            signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Tune leaves this stage's handler behind
     if str(reserve) in storage_failures:
         raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
     ended = stage_counts["done"] + stage_counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
@@ -137,6 +145,26 @@ def run_stage(
             "Run the same command with --resume to continue."
         )
     return grid
+
+
+INTERRUPTED = threading.Event()  # set by a stage's first Ctrl-C: the search suggests no trial after it
+
+
+def _ctrl_c(signum, frame) -> None:
+    """The first Ctrl-C of a running stage (or SIGTERM, or a full storage: both send one) stops the search from
+    suggesting trials and asks Ray Tune to stop as on its own Ctrl-C (SIGUSR1: it saves the experiment's state, then
+    ends); a second, or one before Tune runs, stops at once."""
+    if INTERRUPTED.is_set() or signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        raise KeyboardInterrupt
+    INTERRUPTED.set()
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+
+class StoppableOptunaSearch(OptunaSearch):
+    """Optuna's search, which suggests no trial once its stage is stopping (Tune would start one more)."""
+
+    def suggest(self, trial_id: str):
+        return None if INTERRUPTED.is_set() else super().suggest(trial_id)
 
 
 def storage_failed(sweep_dir: Path, reason: str) -> UserError:
@@ -181,8 +209,6 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
 
 
 def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_partition: bool, resume: bool, study_db: Path | None) -> dict:
-    from ray.tune.search.optuna import OptunaSearch
-
     search_dir = sweep_dir / "search"
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
@@ -190,7 +216,7 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     searcher = None
     if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
         storage = study_storage(study_db) if study_db else None
-        searcher = OptunaSearch(
+        searcher = StoppableOptunaSearch(
             space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
             study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
         )  # fmt: skip
