@@ -65,7 +65,7 @@ def test_a_report_skips_a_damaged_file_says_which_and_reports_the_rest(two_runs,
 
 
 def test_a_sweep_trial_whose_last_line_was_cut_keeps_its_rows(tmp_path):
-    from tuner.report.runs import _trial_rows
+    from tuner.report.runs import trial_rows as _trial_rows
 
     result = tmp_path / "result.json"
     result.write_text('{"round": 1, "acc": 0.5}\n{"round": 2, "acc": 0.6}\n{"round": 3, "ac')

@@ -72,7 +72,7 @@ def _experiment_info(path: Path) -> dict:
 
 
 def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
-    rows = _trial_rows(params.parent / "result.json")
+    rows = trial_rows(params.parent / "result.json")
     sampled = json.loads(params.read_text())
     config = trial_config(info["settings"], sampled)
     finished = not rows.empty and rows["round"].max() >= config.rounds
@@ -96,7 +96,8 @@ def tune_failure(error_txt: Path) -> str:
     return f"{len(failures)} failures, the last: {last}."
 
 
-def _trial_rows(result_json: Path) -> pd.DataFrame:
+def trial_rows(result_json: Path) -> pd.DataFrame:
+    """A trial's reported rows, one a round (a resumed trial's repeats counted once; a last line cut by a kill left out)."""
     if not result_json.exists():
         return pd.DataFrame()
     lines = [line for line in result_json.read_text().splitlines() if line.strip()]

@@ -3,12 +3,13 @@ whole sweep, and failures that a retry would only meet again."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
+
+from tuner.report.runs import trial_rows
 
 
 class Patience(Stopper):
@@ -48,14 +49,9 @@ class RoundBudget(Stopper):
             return
         self.counted_before = True
         for results in self.experiment.glob("*/result.json"):
-            lines = [line for line in results.read_text().splitlines() if line.strip()]
-            for line in reversed(lines):  # the last whole row (a kill may cut the last line short)
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                self.rounds.setdefault(row["trial_id"], row.get("round", 0))
-                break
+            rows = trial_rows(results)  # a last line cut by a kill is left out
+            if not rows.empty:
+                self.rounds.setdefault(rows["trial_id"].iloc[-1], int(rows["round"].iloc[-1]))
 
 
 def asha(grace: int | None, rounds: int) -> ASHAScheduler | None:
