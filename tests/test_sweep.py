@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def trials_so_far(experiment: Path) -> list[dict]:
     for d in sorted(p for p in experiment.iterdir() if (p / "params.json").exists()) if experiment.exists() else []:
         try:
             out.append(_trial(d))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, FileNotFoundError):  # a trial begun has no result.json yet
             continue
     return out
 
@@ -72,7 +73,7 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -328,16 +329,18 @@ def test_sigterm_stops_a_sweep_with_its_state_saved_and_resume_finishes_it(tmp_p
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_130(tmp_path, spawn):
+def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_130_and_starts_no_trial(tmp_path, spawn):
     """Ctrl-C as a terminal sends it, to the whole process group (Ray's processes too, had they not blocked it): once
-    while Ray starts (the sweep's folder exists, no trial yet), once while trials run; either way exit 130 with one
-    line, no traceback, no crash, and a stopped search resumes to the end."""
+    while Ray starts (the sweep's folder exists, no trial yet), once as the second of three trials starts (one at a
+    time); either way exit 130 with one line, no traceback, no crash, no trial started after it, and a stopped search
+    resumes to the end."""
     space = tmp_path / "ctrl.yaml"
-    space.write_text(TINY.replace("samples: 3", "samples: 4"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}  # trial folders seen within 0.5 s
     experiment = tmp_path / "fedavg-ctrl" / "search"
     for ready in (lambda: (tmp_path / "fedavg-ctrl").exists(), lambda: len(trials_so_far(experiment)) >= 2):
-        proc = spawn(_sweep_cmd(space, tmp_path, *(["--resume"] if experiment.exists() else [])), cwd=ROOT, env=env,
+        resume = ["--resume"] if experiment.exists() else []
+        proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", *resume), cwd=ROOT, env=env,
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         deadline = time.time() + 240
         while not ready():
@@ -346,9 +349,12 @@ def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_1
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130 and "Traceback" not in out and "Stopped" in out, out
+    # the first trial finished, the second begun (30 rounds, ~6 s: it did not end before the Ctrl-C), no third
+    last_rounds = [t["rows"][-1]["round"] if t["rows"] else 0 for t in trials(experiment)]  # in the order they started
+    assert len(last_rounds) == 2 and last_rounds[0] == 30 and last_rounds[1] < 30, (last_rounds, out)
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [3, 3, 3, 3]
+    assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [30, 30, 30]
 
 
 def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
@@ -458,6 +464,57 @@ def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     space.write_text(TINY)
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"])
     assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never_joins_a_dead_or_foreign_one(tmp_path, spawn):
+    """Someone's `ray start` cluster on the machine, joined with --address, killed mid-sweep (its head node gone):
+    one sentence within seconds (Ray itself would end the process a minute later with a log line). The cluster's
+    address file stays behind, stale; a sweep without --address starts its own Ray instead of joining it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import secrets
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))} | {"PYTHONPATH": str(ROOT)}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # as `ray start` does where a token exists
+    head = spawn([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+                  "--node-ip-address", "127.0.0.1", "--include-dashboard=false"], env=env,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    address_file = Path("/tmp/ray/ray_current_cluster")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (address_file.exists() and str(port) in address_file.read_text()):
+            assert head.poll() is None, "ray start failed"
+            time.sleep(0.2)
+        space = tmp_path / "gone.yaml"
+        space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5").replace("samples: 3", "samples: 2"))
+        # Ray joins a cluster at an explicit address with its token only when told (RAY_AUTH_MODE)
+        res = subprocess.run(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, capture_output=True, text=True,
+                             env={k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}, timeout=120)  # fmt: skip
+        assert res.returncode == 2 and "set RAY_AUTH_MODE=token" in res.stderr.splitlines()[-1], res.stdout + res.stderr
+        proc = spawn(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        experiment = tmp_path / "fedavg-gone" / "search"
+        while not any(t["rows"] for t in trials_so_far(experiment)):
+            assert proc.poll() is None and time.time() < deadline + 120, "the sweep ended before a trial ran"
+            time.sleep(0.2)
+        os.killpg(head.pid, signal.SIGKILL)  # the head node and everything on it
+        head.wait()
+        out, _ = proc.communicate(timeout=50)  # before Ray's own minute is up
+        last = [line for line in out.splitlines() if line.strip()][-1]
+        gcs = re.search(r"joined the Ray cluster at ([\d.]+:\d+): 1 node, 1 CPU, 0 GPUs", out)  # its size: whose it is
+        assert gcs and gcs[1].endswith(f":{port}") and proc.returncode == 1 and "Traceback" not in out, out
+        assert last.startswith(f"error: The Ray cluster at {gcs[1]} stopped answering") and "--resume" in last, out
+        res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        assert res.returncode == 0 and "joined" not in res.stdout, res.stdout + res.stderr
+        assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [30, 30]
+    finally:
+        if address_file.exists() and str(port) in address_file.read_text():
+            address_file.unlink()
 
 
 @pytest.mark.ray

@@ -8,7 +8,9 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,16 +70,68 @@ def start_ray(res: Resources) -> None:
     # arrives when it is unblocked, below.
     if main:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # Without --address, Ray would join any cluster `ray start` left on this machine (someone else's, sized for
+    # their work): a sweep starts its own, unless RAY_ADDRESS names one (as on a job submitted to a cluster).
+    address = res.address or os.environ.get("RAY_ADDRESS") or "local"
     try:
-        ray.init(address=res.address, logging_level=logging.INFO if res.verbose else logging.ERROR,
+        ray.init(address=address, logging_level=logging.INFO if res.verbose else logging.ERROR,
                  log_to_driver=res.verbose, include_dashboard=False, configure_logging=True)  # fmt: skip
-    except ConnectionError as e:
-        raise UserError(f"Cannot reach a Ray cluster at {res.address}: {e}; start one with `ray start --head` or check --address.") from None
+    except ConnectionError as e:  # it answered a TCP connect (_check_reachable): most often its token was missing
+        token = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
+            "if it was started with token authentication (Ray's default where a token exists), set RAY_AUTH_MODE=token "
+            "and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token; else ")  # fmt: skip
+        raise UserError(f"Cannot join the Ray cluster at {address} ({e}): {token}check --address, or start one with `ray start --head`.") from None
     finally:
         if main:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if main:  # after ray.init, which installs its own handler
         signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    joined = None if address == "local" else address
+    if joined:  # whose cluster it is shows in its size
+        total = {"node": sum(1 for n in ray.nodes() if n.get("Alive")), **ray.cluster_resources()}
+        size = ", ".join(f"{total.get(k, 0):g} {k}{'' if total.get(k, 0) == 1 else 's'}" for k in ("node", "CPU", "GPU"))
+        print(f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}: {size}", flush=True)
+    _watch_cluster(joined)
+
+
+WATCH_EVERY_S, WATCH_MISSES = 2.0, 3  # a head that refuses 3 connections in a row, 2 s apart, is gone
+
+
+def _watch_cluster(address: str | None) -> None:
+    """A cluster stopped under a sweep (`ray stop`, its head node down, Ray's local processes killed) ends this
+    process a minute later from inside Ray, with a log line; this says it in one sentence, within seconds. What the
+    sweep wrote stays: Tune saves its experiment's state every few seconds, and trials their checkpoints."""
+    import ray
+
+    context = ray.get_runtime_context()
+    session, (host, _, port) = context.get_session_name(), context.gcs_address.rpartition(":")
+    if address:
+        gone = f"The Ray cluster at {context.gcs_address} stopped answering (stopped, or its head node went down)"
+        again = "once the cluster is up again, "
+    else:
+        gone, again = "The Ray processes this sweep started stopped answering (killed, or out of memory)", ""
+
+    def ours() -> bool:  # the session this process joined, not a later one (tests start several in one process)
+        return ray.is_initialized() and ray.get_runtime_context().get_session_name() == session
+
+    def watch() -> None:
+        misses = 0
+        while ours():
+            time.sleep(WATCH_EVERY_S)
+            try:
+                socket.create_connection((host, int(port)), timeout=WATCH_EVERY_S).close()
+                misses = 0
+            except OSError:
+                misses += 1
+            if misses >= WATCH_MISSES and ours():
+                sys.stderr.write(
+                    f"\nerror: {gone}; the sweep's finished trials, checkpoints and state stay in its storage: "
+                    f"{again}run the same command with --resume.\n"
+                )
+                sys.stderr.flush()
+                os._exit(1)  # Ray would end this process anyway, a minute later
+
+    threading.Thread(target=watch, name="cluster-watch", daemon=True).start()
 
 
 def _check_reachable(address: str | None) -> None:
