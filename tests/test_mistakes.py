@@ -1,6 +1,8 @@
 """The bad-input battery: a user's mistakes across every command, each ending with one sentence, its
 exit code, no traceback, and in bounded time (none waits on Ray or a download)."""
 
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.files import LOCK_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "search_spaces" / "demo.yaml")
@@ -29,7 +32,8 @@ MISTAKES = [
     ("run: a backbone the images do not fit", ["run", "fedavg", *DIGITS, "--set", "backbone=cnn4"], 2, "backbone=mlp"),
     ("run: an unknown backbone", ["run", "fedavg", *DIGITS, "--set", "backbone=vit"], 2, "Unknown backbone 'vit'"),
     ("run: a CIFAR-10 download cut short", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir={w}/cifar", "--set", "download=false"], 2, "No whole cifar10 at"),
-    ("run: data that is not there", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], 2, "/nonexistent"),
+    ("run: data that is not there", ["run", "fedavg", "--dataset", "cifar10", "--set", "data_dir=/nonexistent", "--set", "download=false"], 2, "/nonexistent/cifar-10-batches-py (dataset not found or corrupted); pass --set data_dir=FOLDER"),
+    ("run: a run folder in use by another run", ["run", "fedavg", *DIGITS, "--out", "{w}/busy-run"], 2, "The run folder {w}/busy-run is in use by process"),
     ("run: zero rounds", ["run", "fedavg", "--dataset", "digits", "--rounds", "0"], 2, "--rounds: Setting rounds must be at least 1, not 0"),
     ("run: zero clients", ["run", "fedavg", "--dataset", "digits", "--clients", "0"], 2, "--clients: Setting clients must be at least 1, not 0"),
     ("run: zero clients in a config file", ["run", "fedavg", "--config", "{w}/zero-clients.yaml"], 2, "zero-clients.yaml: Setting clients must be at least 1, not 0"),
@@ -63,6 +67,9 @@ MISTAKES = [
     ("sweep: a space file with an unknown key", ["sweep", "gpfl", "--space", "{w}/typo.yaml"], 2, "unknown key 'serach'"),
     ("sweep: another method's space", ["sweep", "fedavg", "--space", DEMO], 2, "is a space for gpfl, not fedavg"),
     ("sweep: a space that searches nothing", ["sweep", "fedavg", "--space", "{w}/empty.yaml"], 2, "names no setting to search"),
+    ("sweep: a float range for a whole-number setting", ["sweep", "fedavg", "--space", "{w}/float-batch.yaml", "--storage", "{w}/s"], 2, "search.batch_size = 28.72: Setting batch_size must be an int"),
+    ("sweep: a YAML number without a decimal point", ["sweep", "fedavg", "--space", "{w}/yaml-number.yaml", "--storage", "{w}/s"], 2, "[low, high], two numbers, not ['1e-4', 1]; YAML reads 1e-4 as text: write it 1.0e-04"),
+    ("sweep: a name in use by a running sweep", ["sweep", "gpfl", "--space", DEMO, "--storage", "{w}/busy", "--resume"], 2, "The sweep {w}/busy/gpfl-demo is in use by process"),
     ("sweep: a distribution that makes bad runs", ["sweep", "fedavg", "--space", "{w}/negative.yaml"], 2, "lr must be positive"),
     ("sweep: an unknown sampler typed", ["sweep", "gpfl", "--space", DEMO, "--sampler", "bayes", "--storage", "{w}/s"], 2, "--sampler: unknown sampler 'bayes'"),
     ("sweep: no samples typed", ["sweep", "gpfl", "--space", DEMO, "--samples", "0", "--storage", "{w}/s"], 2, "--samples must be a whole number of at least 1, not 0"),
@@ -102,6 +109,11 @@ def workspace(tmp_path_factory):
     (w / "empty.yaml").write_text("settings: {dataset: digits}\n")
     (w / "negative.yaml").write_text("settings: {dataset: digits, clients: 4}\nsearch:\n  lr: {uniform: [-0.1, 0.1]}\n")
     (w / "empty-folder").mkdir()
+    (w / "float-batch.yaml").write_text("settings: {dataset: digits, clients: 4}\nsearch:\n  batch_size: {uniform: [8, 64]}\n")
+    (w / "yaml-number.yaml").write_text("settings: {dataset: digits, clients: 4}\nsearch:\n  lr: {loguniform: [1e-4, 1]}\n")
+    for busy in (w / "busy" / "gpfl-demo", w / "busy-run"):  # held by a live process: this one
+        (busy / "search").mkdir(parents=True)
+        (busy / LOCK_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")
     damaged = w / "damaged-run"
     damaged.mkdir()
     (damaged / "config.yaml").write_text("method: fedavg\ndataset: digits\n")
@@ -122,6 +134,7 @@ def workspace(tmp_path_factory):
 def test_a_mistake_is_one_sentence(workspace, what, args, code, words):
     start = time.monotonic()
     res = CliRunner().invoke(app, [a.format(w=workspace) for a in args])
+    words = words.format(w=workspace)
     assert time.monotonic() - start < 60  # never a wait on Ray, a download or a hang
     assert res.exit_code == code, res.output
     assert words in " ".join(res.output.split()) and "Traceback" not in res.output, res.output

@@ -10,6 +10,7 @@ it stopped (`--resume`), and stops cleanly, with what it wrote kept, on Ctrl-C, 
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -124,6 +125,12 @@ def run_stage(
         if reason:
             raise storage_failed(sweep_dir, reason)
         grid = tuner.fit()
+        for _ in range(TRIAL_RETRIES):  # trials whose worker was killed before they began run again, from round 1
+            if INTERRUPTED.is_set() or str(reserve) in storage_failures or not (lost := requeue_lost_trials(path)):
+                break
+            print(f"{lost} trials lost their worker while not running (killed between two trials); running them again", flush=True)
+            stage_counts.update(early=0, failed=0, done=0)
+            grid = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False).fit()
     except Exception as e:  # the storage filled up or went away under Ray Tune's own writes, or a trial met it
         reason = storage_failures.pop(str(reserve), None) or (e.strerror if isinstance(e, OSError) else None)
         if reason is None or isinstance(e, UserError):
@@ -172,6 +179,36 @@ def storage_failed(sweep_dir: Path, reason: str) -> UserError:
         f"Cannot write to the sweep's storage {sweep_dir} ({reason}); the sweep stopped and what is already there stays: "
         "free space or fix the folder, then run the same command with --resume."
     )
+
+
+def requeue_lost_trials(path: Path) -> int:
+    """Mark pending, in the stage's saved state, the trials Ray Tune failed while they were not running, and return
+    how many. Tune hands a finished trial's worker the next trial (reuse_actors); a worker killed in between (the
+    OOM killer) fails that trial in its reset, unretried: Tune recovers running trials only (Ray 2.60,
+    `TuneController._process_trial_failure`). Such a trial has retries left; one that failed for good has used them
+    up, or reported a failure that FinalFailures made final (no retries). A restore then runs it from its last
+    checkpoint, or round 1. Its Optuna trial stays failed (TPE learns nothing from the rerun); a saved state of
+    another layout is left alone."""
+    state_file = max(path.glob("experiment_state-*.json"), default=None)  # the newest: the one Tune restores
+    if state_file is None:
+        return 0
+    try:
+        state = json.loads(state_file.read_text())
+        lost = 0
+        for entry in state["trial_data"]:
+            trial, meta = json.loads(entry[0]), json.loads(entry[1])
+            if trial["status"] != "ERROR" or not 0 <= meta["num_failures"] <= trial["max_failures"]:
+                continue
+            trial["status"], meta["error_filename"], meta["pickled_error_filename"] = "PENDING", None, None
+            entry[0], entry[1] = json.dumps(trial), json.dumps(meta)
+            for name in ("error.txt", "error.pkl"):  # else the report would read its rerun as failed
+                (path / trial["relative_logdir"] / name).unlink(missing_ok=True)
+            lost += 1
+    except (KeyError, TypeError, ValueError, IndexError):
+        return 0
+    if lost:
+        write_text_atomic(state_file, json.dumps(state))
+    return lost
 
 
 def drop_damaged_errors(path: Path) -> None:
