@@ -137,6 +137,27 @@ def test_ctrl_c_ends_a_run_at_its_rounds_end_with_a_checkpoint_so_the_advised_re
     assert list(pd.read_parquet(out / "metrics.parquet")["round"]) == list(range(1, saved + 3))
 
 
+def test_ctrl_c_while_the_command_starts_is_one_line_and_130(spawn):
+    """`tuner` spends its first seconds importing torch: a Ctrl-C then is one line, not a traceback. The signal
+    goes once torch's library is mapped into the process (its import under way), not after a fixed wait."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    proc = spawn([sys.executable, "-c", "import tuner; tuner.main()", "methods"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "the command ended before torch was imported"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip() == "Stopped (Ctrl-C) while starting; nothing was run or written.", stderr
+
+
 @pytest.fixture(params=["relative", "home"])
 def where(request, tmp_path, monkeypatch):
     """Paths as a user types them: relative to the working directory, or under `~`; returns (prefix, folder it means)."""
