@@ -318,3 +318,36 @@ def test_latex_tables_escape_what_latex_reads_as_commands():
     latex = render(t, "latex")
     assert r"Fed\&Mine 50\%" in latex and r"dominant\_s20" in latex and r"$\pm$" in latex
     assert "Fed&Mine" not in latex and r"\\_" not in latex  # nothing left raw, nothing escaped twice
+
+
+def test_a_curve_figure_of_30_methods_keeps_its_legend_off_the_axes_and_all_of_it_in_the_image():
+    """The main job's figure of 23 methods had its legend over the curves and its title cut by the image's edge."""
+    import numpy as np
+
+    from tuner.report.plots import curves_figure
+
+    curves = [(f"Method-{i:02d} ({90 - i:.2f})", (90 - i) / 100, np.arange(1, 21), np.linspace(10, 90 - i, 20)) for i in range(30)]
+    fig = curves_figure(curves[::-1], "fmnist pac:20, 20 clients")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert not legend.overlaps(axes)
+    kept = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # what savefig(bbox_inches="tight") writes, in pixels
+    shown = [label for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
+             for label, at in zip(axis.get_ticklabels(), axis.get_ticklocs()) if lo <= at <= hi]  # fmt: skip
+    for artist in [ax.get_legend(), ax.title, ax.xaxis.label, ax.yaxis.label, *shown]:
+        box = artist.get_window_extent(renderer)
+        assert kept.x0 - 1 <= box.x0 and box.x1 <= kept.x1 + 1 and kept.y0 - 1 <= box.y0 and box.y1 <= kept.y1 + 1, artist
+    assert all(float(t).is_integer() for t in ax.get_xticks())  # no round 2.5
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["Method-00 (90.00)", "Method-01 (89.00)"]  # best first
+
+
+def test_a_sweep_figure_puts_a_log_searched_setting_on_a_log_axis_and_stars_the_chosen_trial():
+    from tuner.report.plots import sweep_figure
+
+    fig = sweep_figure({"lr": [0.001, 0.01, 0.1], "mu": [0.1, 0.5, 0.9]}, [70.0, 85.0, 80.0], 1, ["lr"], "sweep s")
+    lr, mu = fig.axes
+    assert lr.get_xscale() == "log" and mu.get_xscale() == "linear"
+    star = [c for c in lr.collections if c.get_label() == "chosen"][0]
+    assert star.get_offsets().tolist() == [[0.01, 85.0]]

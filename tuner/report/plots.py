@@ -26,60 +26,98 @@ def dataset_names(datasets) -> dict[str, str]:
 
 def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
     """Accuracy per round of the best run of each method, one figure per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
     ok = summaries[summaries["selected_acc"].notna()]
     short = dataset_names(ok["dataset"])
     for (dataset, partition, clients), group in ok.groupby(["dataset", "partition", "clients"]):
-        dataset = short[dataset]
-        fig, ax = plt.subplots(figsize=(6, 4))
+        curves = []
         for title, by_method in group.groupby("title"):
-            best = by_method.loc[best_run(by_method)]
+            best = group.loc[best_run(by_method)]
             rows = runs[best.name]["rows"]
             rows = rows[rows["acc"].notna()]
-            ax.plot(rows["round"], 100 * rows["acc"], label=f"{title} ({100 * best['selected_acc']:.2f})")
-        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{dataset} {partition}, {clients} clients")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        path = out / f"curves-{dataset}-{partition.replace(':', '')}-{clients}.png"
-        fig.tight_layout()
-        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
+            curves.append((f"{title} ({100 * best['selected_acc']:.2f})", best["selected_acc"], rows["round"], 100 * rows["acc"]))
+        fig = curves_figure(curves, f"{short[dataset]} {partition}, {clients} clients")
+        path = out / f"curves-{short[dataset]}-{partition.replace(':', '')}-{clients}.png"
+        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", bbox_inches="tight"))  # the legend and title whole
         plt.close(fig)
         files.append(path)
     return files
 
 
-def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
-    """For each sweep, every searched setting against the selected accuracy of its trials."""
+def curves_figure(curves: list[tuple], title: str):
+    """(label, selected accuracy, rounds, accuracies) per method: the curves, and the legend, best method first,
+    beside the axes (inside, it covered the curves at 20 methods), in columns of at most 16."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    columns = 1 + (len(curves) - 1) // 16
+    fig, ax = plt.subplots(figsize=(6 + 2.6 * columns, 4.2))
+    for i, (label, _, rounds, acc) in enumerate(sorted(curves, key=lambda c: -c[1])):
+        ax.plot(rounds, acc, label=label, linestyle=("-", "--", ":")[i // 10 % 3])  # the 10 colours repeat; the styles tell apart
+    ax.set(xlabel="round", ylabel="test accuracy (%)", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, ncol=columns, title="selected acc. (%)", title_fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Path]:
+    """For each sweep, every searched setting against the selected accuracy of its trials."""
     import matplotlib.pyplot as plt
 
     files = []
     search = summaries[summaries["stage"] == "search"]
     for experiment, trials in search.groupby("experiment"):
-        names = runs[trials.index[0]]["searched"]
-        values = {n: [setting_value(runs[i]["config"], n) for i in trials.index] for n in names}
-        fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
-        for ax, name in zip(axes[0], names):
-            xs = values[name]
-            numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
-            ax.scatter(xs if numeric else [str(x) for x in xs], 100 * trials["selected_acc"], alpha=0.7)
-            if numeric and min(xs) > 0 and max(xs) / min(xs) > 20:
-                ax.set_xscale("log")
-            ax.set(xlabel=name, ylabel="selected test accuracy (%)")
-            ax.grid(alpha=0.3)
+        first = runs[trials.index[0]]
+        values = {n: [setting_value(runs[i]["config"], n) for i in trials.index] for n in first["searched"]}
+        log = [n for n, xs in values.items() if _log_scale(first, n, xs)]
         name = Path(experiment).parent.name
-        fig.suptitle(f"sweep {name}")
-        fig.tight_layout()
+        fig = sweep_figure(values, list(100 * trials["selected_acc"]), list(trials.index).index(best_run(trials)), log, f"sweep {name}")
         path = out / f"sweep-{name}.png"
-        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
+        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", bbox_inches="tight"))
         plt.close(fig)
         files.append(path)
     return files
 
+
+def sweep_figure(values: dict[str, list], accs: list[float], chosen: int, log: list[str], title: str):
+    """One panel a searched setting: its value in each trial against the trial's selected accuracy, on a log axis
+    where it was searched on one, the chosen trial (index `chosen`) starred."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3.5), squeeze=False)
+    for ax, (name, xs) in zip(axes[0], values.items()):
+        shown = xs if _numeric(xs) else [str(x) for x in xs]
+        ax.scatter(shown, accs, alpha=0.7)
+        ax.scatter([shown[chosen]], [accs[chosen]], marker="*", s=180, color="tab:red", label="chosen", zorder=3)
+        if name in log:
+            ax.set_xscale("log")
+        ax.set(xlabel=name, ylabel="selected test accuracy (%)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _numeric(xs: list) -> bool:
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+
+
+def _log_scale(run: dict, name: str, xs: list) -> bool:
+    """As the space searched it (recorded by the sweep); a sweep written before that record: positive numbers
+    spanning more than a factor of 20."""
+    if not _numeric(xs):
+        return False
+    if run.get("log_scale") is not None:
+        return name in run["log_scale"]
+    return min(xs) > 0 and max(xs) / min(xs) > 20

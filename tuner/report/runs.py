@@ -80,7 +80,8 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
     if rows.empty and not failed:  # not started yet
         return None
     return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
-            "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed}  # fmt: skip
+            "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed,
+            "log_scale": info.get("log_scale")}  # fmt: skip
 
 
 def tune_failure(error_txt: Path) -> str:

@@ -261,7 +261,8 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
         sweep_dir, "search", base, space.select, space.report_every, res,
         searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
         samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
-        extra={"method": space.method, "space": space.source, "sampler": space.sampler},
+        extra={"method": space.method, "space": space.source, "sampler": space.sampler,
+               "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)]},  # the report's axes
     )  # fmt: skip
     best = best_of((r for r in grid if r.metrics), lambda r: trial_score(r.metrics, space.select), lambda r: started(r.path))
     refused = [r.metrics["failed"] for r in grid if r.metrics and r.metrics.get("failed_kind") == "refused"]
