@@ -50,7 +50,7 @@ MISTAKES = [
     ("run: an unknown float type", ["run", "fedavg", *DIGITS, "--set", "dtype=float16"], 2, "Unknown dtype"),
     ("run: an unknown executor", ["run", "fedavg", *DIGITS, "--set", "executor=magic"], 2, "Unknown executor"),
     ("run: an unknown engine", ["run", "fedavg", *DIGITS, "--set", "engine=turbo"], 2, "Unknown engine 'turbo'; choose one of auto, eager, compiled"),
-    ("run: a batch larger than a client's data", ["run", "fedavg", *DIGITS, "--set", "batch_size=5000"], 2, "without one training batch"),
+    ("run: a batch larger than a client's data", ["run", "fedavg", *DIGITS, "--set", "batch_size=5000"], 2, "have fewer training samples than one batch of 5000"),
     ("run: a hyperparameter out of range", ["run", "fedavg", *DIGITS, "--set", "momentum=-1"], 2, "cannot be negative"),
     ("run: --resume where nothing ran", ["run", "fedavg", "--resume", "--out", "{w}/nothing"], 2, "no config.yaml"),
     ("run: an output folder that holds a run", ["run", "fedavg", *DIGITS, "--out", "{w}/done"], 2, "holds a run already; pass --resume to continue it, or choose another --out"),

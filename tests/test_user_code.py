@@ -269,6 +269,92 @@ def test_pfllibs_generated_folders_are_read_as_their_clients(tmp_path):
     assert math.isfinite(sim.step()["train_loss"])
 
 
+def sites(path: Path, small: int, split: bool, small_test: int = 0) -> Path:
+    """Four sites of 80 rows and siteE with `small` training rows (and `small_test` test rows, where split)."""
+    rng = np.random.default_rng(3)
+    owners = [s for s in "ABCD" for _ in range(80)] + ["E"] * (small + small_test)
+    is_test = [i % 4 == 0 for i in range(320)] + [False] * small + [True] * small_test
+    y = rng.integers(0, 3, len(owners))
+    x = rng.normal(size=(len(owners), 6)).astype(np.float32) + y[:, None]
+    columns = {"x": list(x), "y": y, "client": [f"site{o}" for o in owners]}
+    if split:
+        columns["split"] = np.where(is_test, "test", "train")
+    pd.DataFrame(columns).to_parquet(path)
+    return path
+
+
+def run_natural(data: Path, out: Path, *settings: str):
+    return invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "1", "--out", out, *[a for s in settings for a in ("--set", s)])
+
+
+def test_a_client_never_scored_is_refused_by_its_own_name_and_the_advice_works(tmp_path):
+    """A client with no test sample was left out of every mean without a word (the run said `clients 5`)."""
+    res = run_natural(sites(tmp_path / "split.parquet", small=30, split=True), tmp_path / "a", "batch_size=10")
+    assert res.exit_code == 2 and "1 clients have no test sample and would never be scored (client siteE); give those clients rows whose split is test" in " ".join(res.output.split()), res.output
+    res = run_natural(sites(tmp_path / "fixed.parquet", small=30, split=True, small_test=5), tmp_path / "b", "batch_size=10")
+    assert res.exit_code == 0, res.output  # the advice: test rows for siteE
+    tiny = sites(tmp_path / "tiny.parquet", small=1, split=False)  # no split: 25 % of siteE's one row rounds to none
+    res = run_natural(tiny, tmp_path / "c", "batch_size=1")
+    assert res.exit_code == 2 and "(client siteE); leave such small clients out with --set min_samples=N" in " ".join(res.output.split()), res.output
+    res = run_natural(tiny, tmp_path / "d", "batch_size=1", "min_samples=2")
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "d" / "config.yaml").read_text())["clients"] == 4, res.output
+    small = sites(tmp_path / "small.parquet", small=6, split=False)  # siteE: 4 training rows, of which 10 % rounds to none
+    res = run_natural(small, tmp_path / "e", "batch_size=3", "val_frac=0.1")
+    assert res.exit_code == 2 and "no validation sample and would never be scored (client siteE); raise val_frac above 0.1" in " ".join(res.output.split()), res.output
+    assert run_natural(small, tmp_path / "f", "batch_size=3", "val_frac=0.2").exit_code == 0  # each advice, as given
+    assert run_natural(small, tmp_path / "g", "batch_size=3", "val_frac=0.1", "min_samples=5").exit_code == 0
+
+
+def test_a_natural_client_too_small_for_a_batch_gets_advice_that_works_there(tmp_path):
+    data = sites(tmp_path / "sites.parquet", small=6, split=True, small_test=3)
+    res = run_natural(data, tmp_path / "a", "batch_size=10")
+    words = " ".join(res.output.split())
+    assert res.exit_code == 2 and "1 of its 5 clients have fewer training samples than one batch of 10 (the fewest: client siteE, 6)" in words, res.output
+    assert "use batch_size=6 or less, or leave such clients out with --set min_samples=10" in words and "fewer clients" not in words
+    assert run_natural(data, tmp_path / "b", "batch_size=6").exit_code == 0  # each advice, as given
+    res = run_natural(data, tmp_path / "c", "batch_size=10", "min_samples=10")
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "c" / "config.yaml").read_text())["clients"] == 4, res.output
+    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--clients", "5", "--set", "min_samples=10", "--out", tmp_path / "d")
+    assert res.exit_code == 2 and "holds 4 clients (1 of its 5 have fewer than min_samples=10 training samples)" in " ".join(res.output.split())
+
+
+def pfllib_folder(root: Path, clients: list[int], config: dict | None = None, text: bool = False) -> Path:
+    """A folder as PFLlib's generators write it (save_file): train/ and test/ per-client files, config.json beside."""
+    rng = np.random.default_rng(4)
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for i in clients:
+            x = [(rng.integers(1, 50, 8), 8) for _ in range(12)] if text else rng.normal(size=(12, 6)).astype(np.float32)
+            np.savez_compressed(root / split / f"{i}.npz", data={"x": x, "y": np.arange(12) % 3})
+    if config is not None:
+        (root / "config.json").write_text(json.dumps({"non_iid": True, "balance": False, "partition": "dir", **config}))
+    return root
+
+
+PFLLIB_MISTAKES = {  # what the folder holds, config.json, the sentence
+    "a client file missing from both splits": ([0, 1, 2, 3], {"num_clients": 5, "num_classes": 3}, "train/ lacks 4.npz (config.json says 5 clients)"),
+    "a gap in the numbering": ([0, 1, 2, 3, 7], None, "train/ lacks 4.npz, 5.npz, 6.npz (clients are numbered 0 ... 7)"),
+    "more files than config.json says": ([0, 1, 2], {"num_clients": 2, "num_classes": 3}, "config.json says 2 clients, but it holds 2.npz"),
+    "classes config.json does not hold": ([0, 1], {"num_clients": 2, "num_classes": 12}, "config.json says num_classes 12, but the clients' labels run 0 ... 2 (3 classes)"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(PFLLIB_MISTAKES))
+def test_a_pfllib_folder_is_checked_against_its_config_json_in_one_sentence(tmp_path, mistake):
+    clients, config, words = PFLLIB_MISTAKES[mistake]
+    res = invoke("run", "fedavg", "--dataset", pfllib_folder(tmp_path / "data", clients, config), "--partition", "natural", "--out", tmp_path / "run")
+    assert res.exit_code == 2 and words in " ".join(res.output.split()), res.output
+
+
+def test_a_pfllib_folder_whose_config_json_agrees_runs_and_text_is_refused_in_one_sentence(tmp_path):
+    data = pfllib_folder(tmp_path / "ok", [0, 1, 2], {"num_clients": 3, "num_classes": 3})
+    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "1", "--set", "batch_size=4", "--out", tmp_path / "run")
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["clients"] == 3, res.output
+    text = pfllib_folder(tmp_path / "news", [0, 1], {"num_clients": 2, "num_classes": 3}, text=True)
+    res = invoke("run", "fedavg", "--dataset", text, "--partition", "natural", "--out", tmp_path / "run2")
+    assert res.exit_code == 2 and "holds PFLlib's text format (each x a (tokens, length) pair), which is not read" in " ".join(res.output.split()), res.output
+
+
 # ---------------------------------------------------------------- every mistake: one sentence, exit 2
 
 

@@ -20,7 +20,7 @@ from algorithms.base import Unsupported, hparam_names
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
 from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
-from tuner.data.partition import parse_partition
+from tuner.data.partition import natural_clients, parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.executors import ENGINES, EXECUTORS
 from tuner.errors import UserError
@@ -98,7 +98,8 @@ class RunConfig:
     eval_gap: int = 1
     train_frac: float = 0.75
     val_frac: float = 0.0  # validation carved from each client's training part
-    min_samples: int | None = None  # None: min(10/(1-train_frac), samples/clients/2), PFLlib's generator's floor
+    min_samples: int | None = None  # None: min(10/(1-train_frac), samples/clients/2), PFLlib's generator's floor;
+    # natural: None keeps every client, a number leaves out those with fewer training samples
     balance: bool = False  # pathological partition with equal class shares
     shift: str = "none"  # none | concept (label permutation per group) | rotate (feature skew per group)
     pac_train: int | None = None  # FedPAC's per-client sizes; None: the dataset's default
@@ -160,10 +161,15 @@ class RunConfig:
             return dataset, DEFAULT_CLIENTS if self.clients is None else self.clients, backbone
         if ds.owners is None:
             raise UserError(f"Partition natural keeps the data's own clients, and {dataset} has no client column; add one or choose iid, pat:N or dir:BETA.")
-        own = int(ds.owners.max()) + 1
-        if self.clients not in (None, own):
-            raise UserError(f"{dataset} holds {own} clients, so partition natural runs {own}, not clients={self.clients}; leave clients unset.")
-        return dataset, own, backbone
+        kept = natural_clients(ds.owners, ds.is_train, self.train_frac, self.min_samples or 0)
+        total = int(ds.owners.max()) + 1
+        if not kept:
+            raise UserError(f"Every client of {dataset} has fewer than min_samples={self.min_samples} training samples; lower min_samples.")
+        if self.clients not in (None, len(kept)):
+            left_out = f" ({total - len(kept)} of its {total} have fewer than min_samples={self.min_samples} training samples)" if len(kept) < total else ""
+            raise UserError(f"{dataset} holds {len(kept)} clients{left_out}, so partition natural runs {len(kept)}, not clients={self.clients}; "
+                            "leave clients unset.")  # fmt: skip
+        return dataset, len(kept), backbone
 
     def _normalization(self, dataset: str, chosen: str) -> str:
         """The normalization applied, recorded as such: `none` where the inputs are used as loaded."""

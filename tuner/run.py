@@ -20,7 +20,7 @@ from algorithms.base import Method, Net, Training, Unsupported
 from tuner.config import RunConfig
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
-from tuner.data.federated import FederatedData, build
+from tuner.data.federated import FederatedData, Split, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
@@ -39,7 +39,9 @@ def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
     kind, value = parse_partition(cfg.partition)
     n = len(ds.y)
     min_samples = cfg.min_samples
-    if min_samples is None:  # PFLlib's floor: a few batches of training data, at most half a fair share
+    if min_samples is None and kind == "natural":  # the user's clients, every one, unless min_samples leaves some out
+        min_samples = 0
+    elif min_samples is None:  # PFLlib's floor: a few batches of training data, at most half a fair share
         min_samples = int(min(PARTITION_BATCH / (1 - cfg.train_frac), n / cfg.clients / 2))
     grey = ds.kind == "image" and ds.input_shape[0] == 1
     return PartitionSpec(
@@ -59,19 +61,48 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
         raise UserError(f"Partition natural keeps the clients of the data, and {cfg.dataset} names none; give it a client column, or choose iid, pat:N, dir:BETA.")
     cache = "" if is_user_data(cfg.dataset) else ds.name
     part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=cache, owners=ds.owners, is_train=ds.is_train)
-    return build(ds, part, cfg.shift, cfg.partition_seed, cfg.normalize, device)
+    data = build(ds, part, cfg.shift, cfg.partition_seed, cfg.normalize, device)
+    check_scored(cfg, data, own_split=spec.kind == "natural" and ds.is_train is not None)
+    return data
 
 
 def check_batches(cfg: RunConfig, data: FederatedData) -> None:
     """Every client trains: one full batch at least (the last partial batch is dropped, as PFLlib does)."""
     counts = data.train.counts
     short = [i for i, n in enumerate(counts) if n < cfg.batch_size]
-    if short:
-        raise UserError(
-            f"Partition {cfg.partition} of {cfg.dataset} over {cfg.clients} clients leaves {len(short)} of them without one training "
-            f"batch of {cfg.batch_size} (client {short[0]} has {counts[short[0]]} training samples); use fewer clients, a smaller batch_size "
-            "or a larger min_samples."
-        )
+    if not short:
+        return
+    smallest = min(short, key=counts.__getitem__)
+    fewest = counts[smallest]
+    where = (f"{len(short)} of its {len(counts)} clients have fewer training samples than one batch of {cfg.batch_size} "
+             f"(the fewest: client {data.client_name(smallest)}, {fewest})")  # fmt: skip
+    if parse_partition(cfg.partition)[0] == "natural":  # its clients are the data's: fewer clients or a new draw do not apply
+        raise UserError(f"{cfg.dataset}: {where}; use batch_size={fewest} or less, or leave such clients out with "
+                        f"--set min_samples={cfg.batch_size} (natural partitions keep the clients with that many training samples).")  # fmt: skip
+    smaller = f", batch_size={fewest} or less" if fewest else ""
+    raise UserError(f"Partition {cfg.partition} of {cfg.dataset}: {where}; use fewer clients{smaller}, "
+                    f"or min_samples={cfg.batch_size} or more (redrawn until every client has that many).")  # fmt: skip
+
+
+def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
+    """Every client is scored: a mean over fewer clients than the run names would be another experiment."""
+    splits = [("test", data.test)] + ([("validation", data.val)] if cfg.val_frac > 0 else [])
+    for split, part in splits:
+        if part is None:
+            part = Split(data.train.x[:0], data.train.y[:0], [0] * data.num_clients)
+        empty = [i for i, n in enumerate(part.counts) if n == 0]
+        if not empty:
+            continue
+        names = ", ".join(data.client_name(i) for i in empty[:5]) + (", ..." if len(empty) > 5 else "")
+        if split == "validation":
+            fix = f"raise val_frac above {cfg.val_frac:g}, or leave small clients out with min_samples"
+        elif own_split:  # the data's own test rows
+            fix = "give those clients rows whose split is test, or drop their rows"
+        elif parse_partition(cfg.partition)[0] == "natural":  # too few rows for 25 % to round to one
+            fix = "leave such small clients out with --set min_samples=N (natural partitions keep the clients with N training samples or more)"
+        else:
+            fix = f"lower train_frac below {cfg.train_frac:g}, or use fewer clients"
+        raise UserError(f"{cfg.dataset}: {len(empty)} clients have no {split} sample and would never be scored (client {names}); {fix}.")
 
 
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:

@@ -25,6 +25,7 @@ class Dataset:
     vocab: int | None = None  # text: token ids are below this (the embedding's rows)
     owners: np.ndarray | None = None  # a user's data: the client of every sample (natural partition)
     is_train: np.ndarray | None = None  # a user's data: its own train/test split
+    client_ids: list[str] | None = None  # a user's data: its own name of each client (owners index them)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

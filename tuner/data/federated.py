@@ -61,6 +61,10 @@ class FederatedData:
     decode: Callable[[torch.Tensor], torch.Tensor]
     vocab: int | None = None  # text: how many token ids there are
     holdout: Split | None = None  # part of each client's training data kept out of local training (hold_out)
+    client_names: list[str] | None = None  # the data's own id of each client (natural partitions); else its index
+
+    def client_name(self, i: int) -> str:
+        return self.client_names[i] if self.client_names else str(i)
 
     @property
     def num_clients(self) -> int:
@@ -118,4 +122,6 @@ def build(ds: Dataset, part: Partition, shift: str, seed: int, normalize: str, d
         return Split(torch.cat(xs).to(device), torch.cat(ys).to(device), [len(p) for p in parts])
 
     val = make(part.val) if any(len(v) for v in part.val) else None
-    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize), ds.vocab)
+    names = [ds.client_ids[o] for o in part.owners] if part.owners is not None and ds.client_ids else None
+    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize), ds.vocab,
+                         client_names=names)  # fmt: skip

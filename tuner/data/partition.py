@@ -73,6 +73,7 @@ class Partition:
     test: list[np.ndarray]
     val: list[np.ndarray]
     group: np.ndarray  # group id of every client
+    owners: list[int] | None = None  # natural: the data's own client index of each client (some may be left out)
 
     def sizes(self) -> np.ndarray:
         return np.array([len(t) for t in self.train])
@@ -90,13 +91,15 @@ def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_gro
     if spec.kind == "pac":
         train, test = _pac(labels, num_classes, spec, group, pac_groups, rng)
     elif spec.kind == "natural" and is_train is not None:
-        train = [rng.permutation(np.flatnonzero((owners == c) & is_train)) for c in range(spec.clients)]  # validation: a random part
-        test = [np.flatnonzero((owners == c) & ~is_train) for c in range(spec.clients)]
+        kept = natural_clients(owners, is_train, spec.train_frac, spec.min_samples)
+        train = [rng.permutation(np.flatnonzero((owners == c) & is_train)) for c in kept]  # validation: a random part
+        test = [np.flatnonzero((owners == c) & ~is_train) for c in kept]
     else:
         if spec.kind == "iid":
             owned = np.array_split(rng.permutation(len(labels)), spec.clients)
         elif spec.kind == "natural":
-            owned = [np.flatnonzero(owners == c) for c in range(spec.clients)]
+            kept = natural_clients(owners, None, spec.train_frac, spec.min_samples)
+            owned = [np.flatnonzero(owners == c) for c in kept]
         elif spec.kind == "pat":
             owned = _pathological(labels, num_classes, spec, rng)
         else:
@@ -114,10 +117,22 @@ def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_gro
         n_val = int(round(spec.val_frac * len(idx)))
         val.append(idx[len(idx) - n_val :])
         train[i] = idx[: len(idx) - n_val]
-    result = Partition(train, test, val, group)
+    result = Partition(train, test, val, group, kept if spec.kind == "natural" else None)
     if dataset:
         _save(path, result)
     return result
+
+
+def natural_clients(owners: np.ndarray, is_train: np.ndarray | None, train_frac: float, min_samples: int) -> list[int]:
+    """The data's own clients a natural partition keeps: those with `min_samples` training samples or more (their
+    own training rows, or train_frac of their rows where the data has no split). Every one, unless min_samples is
+    set: the user's clients are as they are."""
+    n = int(owners.max()) + 1
+    if is_train is not None:
+        training = np.bincount(owners[is_train], minlength=n)
+    else:
+        training = np.round(train_frac * np.bincount(owners, minlength=n)).astype(int)  # as the split below cuts
+    return [c for c in range(n) if training[c] >= min_samples]
 
 
 def _check_sizes(owned: list[np.ndarray], spec: PartitionSpec) -> None:

@@ -20,6 +20,7 @@ Every way the data can be wrong is one sentence naming the file and what to fix.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -64,12 +65,6 @@ def load_user_data(path: str | Path):
 
 
 _LOADED: dict = {}
-
-
-def natural_clients(path: str | Path) -> int | None:
-    """How many clients the data holds (None: it names none)."""
-    ds = load_user_data(path)
-    return None if ds.owners is None else int(ds.owners.max()) + 1
 
 
 # ---------------------------------------------------------------- the three forms
@@ -118,16 +113,26 @@ def _npz(p: Path):
 
 
 def _pfllib_folder(p: Path):
-    files = {s: sorted((p / s).glob("*.npz"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1) for s in SPLITS}
+    """PFLlib's generated folder: train/ and test/ of per-client files 0.npz ... N-1.npz, and config.json beside
+    them (utils/dataset_utils.py save_file), whose client and class counts are checked against the files."""
+    files = {s: {int(f.stem): f for f in (p / s).glob("*.npz") if f.stem.isdigit()} for s in SPLITS}
     if not files["train"] or not files["test"]:
         raise UserError(f"Folder {p} is not a PFLlib dataset: it needs train/ and test/ folders of per-client files 0.npz, 1.npz, ...")
-    names = {s: [f.stem for f in files[s]] for s in SPLITS}
-    if names["train"] != names["test"] or names["train"] != [str(i) for i in range(len(files["train"]))]:
-        raise UserError(f"Folder {p}: train/ and test/ must hold the same clients' files 0.npz ... N-1.npz; found {names['train'][:5]} and {names['test'][:5]}.")
+    config = _pfllib_config(p)
+    highest = max(*files["train"], *files["test"])
+    clients = config.get("num_clients", highest + 1)
+    if clients <= highest:
+        raise UserError(f"Folder {p}: config.json says {clients} clients, but it holds {highest}.npz; fix config.json or regenerate the dataset.")
+    for split in SPLITS:
+        missing = [f"{i}.npz" for i in range(clients) if i not in files[split]]
+        if missing:
+            said = f"config.json says {clients} clients" if config.get("num_clients") == clients else f"clients are numbered 0 ... {clients - 1}"
+            raise UserError(f"Folder {p}: {split}/ lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({said}); "
+                            "regenerate the dataset, or fix config.json.")  # fmt: skip
     xs, ys, owners, splits = [], [], [], []
     for split in SPLITS:
-        for client, f in enumerate(files[split]):
-            x, y = _pfllib_client(f)
+        for client in range(clients):
+            x, y = _pfllib_client(files[split][client])
             xs.append(x)
             ys.append(y)
             owners.append(np.full(len(y), client))
@@ -135,7 +140,24 @@ def _pfllib_folder(p: Path):
     shapes = {x.shape[1:] for x in xs}
     if len(shapes) > 1:
         raise UserError(f"Folder {p}: clients' samples have different shapes {sorted(shapes)}; every sample must have one shape.")
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(owners), np.concatenate(splits)
+    y = np.concatenate(ys)
+    classes = config.get("num_classes")
+    if classes is not None and len(y) and classes != int(y.max()) + 1:
+        raise UserError(f"Folder {p}: config.json says num_classes {classes}, but the clients' labels run 0 ... {int(y.max())} "
+                        f"({int(y.max()) + 1} classes); fix config.json or regenerate the dataset.")  # fmt: skip
+    return np.concatenate(xs), y, np.concatenate(owners), np.concatenate(splits)
+
+
+def _pfllib_config(p: Path) -> dict:
+    """config.json's counts, where PFLlib wrote one ({} where it is absent)."""
+    path = p / "config.json"
+    if not path.exists():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+        return {k: int(config[k]) for k in ("num_clients", "num_classes") if k in config}
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path} is not PFLlib's config.json (JSON with num_clients and num_classes): {e}") from None
 
 
 def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -143,9 +165,14 @@ def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(f, allow_pickle=True) as z:  # PFLlib pickles a dict; the user's own files
             data = z["data"].tolist()
-        return np.asarray(data["x"]), np.asarray(data["y"])
+        x = data["x"]
+        first = x[0] if len(x) else None  # PFLlib's text datasets: (token ids, length) pairs
+        if not (isinstance(first, (tuple, list)) and len(first) == 2 and np.ndim(first[0]) == 1 and np.isscalar(first[1])):
+            return np.asarray(x), np.asarray(data["y"])
     except (KeyError, TypeError, ValueError, OSError) as e:
         raise UserError(f"{f} is not one of PFLlib's client files (a 'data' dict of x and y): {type(e).__name__}: {e}") from None
+    raise UserError(f"{f} holds PFLlib's text format (each x a (tokens, length) pair), which is not read; "
+                    "write the token ids as one integer array per client, or use the built-in agnews.")  # fmt: skip
 
 
 # ---------------------------------------------------------------- checks, and the Dataset
@@ -168,9 +195,10 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
         raise UserError(f"Dataset {p}: each x must be a feature vector or an image (channels, height, width), not shape {x.shape[1:]}.")
     image = x.ndim == 4
     tensor = torch.from_numpy(np.ascontiguousarray(x if image and x.dtype == np.uint8 else x.astype(np.float32)))  # bytes: images to normalize
-    owners = is_train = None
+    owners = is_train = ids = None
     if client is not None:
-        owners = pd.factorize(np.asarray(client), sort=True)[0].astype(np.int64)
+        codes, names = pd.factorize(np.asarray(client), sort=True)
+        owners, ids = codes.astype(np.int64), [str(n) for n in names]
     if split is not None:
         split = np.asarray(split).astype(str)
         other = sorted(set(np.unique(split)) - set(SPLITS))
@@ -180,9 +208,9 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
         if owners is not None:
             empty = [c for c in range(owners.max() + 1) if not is_train[owners == c].any()]
             if empty:
-                raise UserError(f"Dataset {p}: client {_client_name(client, empty[0])} has no training samples; give it some or drop it.")
+                raise UserError(f"Dataset {p}: client {ids[empty[0]]} has no training samples; give it some or drop it.")
     return Dataset(name=p.stem, x=tensor, y=torch.from_numpy(y), num_classes=int(y.max()) + 1, kind="image" if image else "signal",
-                   owners=owners, is_train=is_train)  # fmt: skip
+                   owners=owners, is_train=is_train, client_ids=ids)  # fmt: skip
 
 
 def _labels(y: np.ndarray, p: Path) -> np.ndarray:
@@ -200,7 +228,3 @@ def _labels(y: np.ndarray, p: Path) -> np.ndarray:
         raise UserError(f"Dataset {p}: y's labels are {shown}, with no sample of class {', '.join(map(str, missing[:5]))}; "
                         f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1).")  # fmt: skip
     return y
-
-
-def _client_name(client, index: int) -> str:
-    return str(pd.factorize(np.asarray(client), sort=True)[1][index])
