@@ -12,9 +12,12 @@ Upload: w, trained from the global model. Server: sample-weighted mean. Predicti
 This is the paper's Algorithm and its authors' code (FedRepo's fedphp.py: update_local,
 generate_mu, update_hpm; MMD as its reg_way), the default.
 
-`fedphp-pfllib` is PFLlib's form (clientphp.py), which produced the FedPHP rows of the GPFL and
-FedCP tables: receiving w ← (1 − μ_R) w_global + μ_R w (μ_R = μ R / T in round R), the teacher
-is the global model, the mixture is trained, uploaded and predicts.
+`fedphp-pfllib` is PFLlib's form (clientphp.py, as it stood up to Nov 2024), which produced the FedPHP
+rows of the GPFL and FedCP tables: receiving w ← (1 − μ_R) w_global + μ_R w, the teacher is the global
+model, the mixture is trained, uploaded and predicts. μ_R = μ R / T with R PFLlib's 0-based round index
+(its server calls set_parameters(model, i) for i = 0 … T): round 1 trains from the global model alone, and
+the model evaluated after round R, received with R rounds done, mixes with μ R / T: μ after the last round,
+never more.
 """
 
 from dataclasses import dataclass
@@ -76,7 +79,7 @@ class FedPHPPfllib(FedPHP):
 
     def broadcast(self, client, server, at):
         out = super().broadcast(client, server, at)
-        mu = self.hp.mu * at.number / at.total  # μ_R of the round about to be trained
+        mu = self.hp.mu * (at.number - 1) / at.total  # μ_R, R the rounds done (PFLlib's 0-based i)
         keys = self.net.param_keys
         own = {k: (1 - mu) * server[k] + mu * client[k] for k in keys}
         return {**out, **own, **{TEACHER + k: server[k] for k in keys}}

@@ -359,9 +359,12 @@ def test_fedphp_pfllib_form_inherits_on_receipt_and_learns_from_the_global_teach
     sim = sim_for("fedphp-pfllib", 2, join_ratio="1", rounds=4)
     m, k = sim.method, sim.method.net.param_keys[0]
     state, server = client(sim, 0), sim.server
-    mu = m.hp.mu * 3 / 4  # round 3 of 4
+    mu = m.hp.mu * 2 / 4  # round 3 of 4: two rounds done (PFLlib's R = 2)
     received = m.broadcast(state, server, sim.at(3, [0]).client(0))
     torch.testing.assert_close(received[k], (1 - mu) * server[k] + mu * state[k])
+    first, last = (m.broadcast(state, server, sim.at(n, [0]).client(0))[k] for n in (1, 5))  # round 1; after round 4, for evaluation
+    torch.testing.assert_close(first, server[k])  # round 1 trains from the global model alone (R = 0)
+    torch.testing.assert_close(last, (1 - m.hp.mu) * server[k] + m.hp.mu * state[k])  # μ after the last round, never more
     torch.testing.assert_close(received["php.teacher." + k], server[k])
     x, y = batch(sim, 0)
     params = {p: received[p] for p in m.net.param_keys + ["php.teacher." + q for q in m.net.param_keys]}
