@@ -18,7 +18,9 @@ losses (the valve then gets a, b).
 `gpfl-pfllib` is PFLlib's form, the code behind the published tables (clientgp.py): L_mlg as one
 unsquared norm over the whole batch, μ as weight decay on V and C (μ/2‖·‖² in the loss: the same
 gradient), p_i without the 1/U, and g, p_i computed from the client's own embeddings (as it last
-trained them) just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ.
+trained them) just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ. Round 1
+trains on zero conditional inputs: PFLlib's client starts them at zeros (clientgpfl.py __init__) and
+set_GCE first runs after round 1's aggregation (servergpfl.py train).
 """
 
 from __future__ import annotations
@@ -138,11 +140,11 @@ class GPFLPfllib(GPFL):
 
     def init_client(self, model):
         state = super().init_client(model)
-        return state | ({"gpfl.cond_gce": state["gce.weight"].clone()} if self.hp.gce else {})
+        return state | ({"gpfl.cond_gce": torch.zeros_like(state["gce.weight"])} if self.hp.gce else {})
 
     def broadcast(self, client, server, at):
         out = super().broadcast(client, server, at)
-        if self.hp.gce:  # set_GCE: the conditions come from the client's embeddings about to be replaced
+        if self.hp.gce and at.number > 1:  # set_GCE: the conditions come from the client's embeddings about to be replaced
             out["gpfl.cond_gce"] = client["gce.weight"]
         return out
 

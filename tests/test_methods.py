@@ -39,6 +39,9 @@ def test_gpfl_pfllib_form_takes_its_conditions_from_the_clients_own_embeddings_b
         return upload(client, server)
 
     sim.method.upload = remember
+    for i in range(6):  # round 1 trains on zero conditions: PFLlib's set_GCE first runs after round 1's aggregation
+        g, p = sim.method._conditions(client(sim, i), sim.server)
+        assert not g.any() and not p.any()
     sim.step()
     assert len(own) == 6 and not torch.allclose(own[0], own[1])
     for i in range(6):
