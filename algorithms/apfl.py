@@ -18,9 +18,18 @@ What is mixed (`mix`):
   takes it, and on FedPAC's split this form starts lower but climbs faster, passing the paper's
   form by round 25 (85.17 against 84.78 at round 30; the paper's form reached 87.28 by round 160,
   2.2 under the published 89.45): docs/reproduction.md, "The last deviations, measured".
-Differences from FedTorch: its personal step follows the global step on the same batch (w already
-moved) and its adaptive α steps once a round on a surrogate gradient; here both models step
-together from the batch's starting w, and α (when adapted) follows its exact gradient every step.
+  That FedPAC's row ran this form is our inference, not a fact: FedPAC's repository has no APFL; FedPAC
+  cites the authors' code, and this form tracks its published figure, the paper's form does not.
+Differences from FedTorch, kept and why:
+- Step order: FedTorch steps w on a batch, then v on the same batch with w already moved; here both step
+  from the batch's starting w (one gradient of one loss per minibatch, the engine's contract for a
+  vectorized cohort). The two differ by one step of w inside the mixture, η∇f_i(w) times (1 − α).
+- Evaluation point: FedTorch scores the mixture right after local training, with the client's own trained
+  w, before aggregation; here after the broadcast, with the received global w, as every method is scored
+  (a client's personalized model as it stands for the next round), so the mixture's w is the one the
+  client would use next.
+- Adaptive α: FedTorch steps it once a round on a surrogate gradient; here, when adapted, every step on
+  its exact gradient.
 """
 
 from dataclasses import dataclass

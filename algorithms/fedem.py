@@ -12,10 +12,13 @@ Prediction: p(y | x) = Σ_m π_im p_m(y | x).
 FedEM-FT fine-tunes the components locally before evaluation (FedPAC's Table 4), each on the
 responsibility-weighted loss of the M-step, for as many epochs as the run's local training: the
 authors' Client.update_tuned_learners (omarfoq/FedEM, client.py) fits each tuned learner for
-`local_steps` epochs weighted by its samples' responsibilities.
+`local_steps` epochs weighted by its samples' responsibilities. The tuned ensemble predicts with uniform
+weights 1/M, as the authors' does (its learners_weights are copied once, at their uniform start, and never
+updated); `ft_mix="pi"` weighs it by the client's π_i instead, as FedEM itself predicts.
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +33,7 @@ MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 class FedEMHparams:
     m: int = 3  # number of components
     ft_epochs: int | None = 0  # fine-tuning epochs of the components before evaluation: 0 none (FedEM), None the run's local epochs (FedEM-FT)
+    ft_mix: Literal["uniform", "pi"] = "uniform"  # FedEM-FT's prediction: "uniform" 1/M (the authors' tuned ensemble) or "pi" (π_i)
 
 
 class FedEM(Method):
@@ -82,7 +86,9 @@ class FedEM(Method):
         return -(q * self.log_likelihoods(state, x, y)).sum(0).mean()  # M-step: responsibility-weighted cross-entropy
 
     def logits(self, state, server, x):
-        return torch.logsumexp(torch.log(state[PI].clamp(min=1e-12))[:, None, None] + self.component_log_probs(state, x), 0)
+        tuned_uniform = self.hp.ft_epochs != 0 and self.hp.ft_mix == "uniform"
+        pi = torch.full_like(state[PI], 1.0 / self.hp.m) if tuned_uniform else state[PI]
+        return torch.logsumexp(torch.log(pi.clamp(min=1e-12))[:, None, None] + self.component_log_probs(state, x), 0)
 
     def eval_phases(self):
         return [] if self.hp.ft_epochs == 0 else [self.sgd((MODELS,), self.hp.ft_epochs)]

@@ -5,8 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import grad
+from typer.testing import CliRunner
 
 from algorithms import BASELINES, METHODS
+from tuner.cli import app
 from tuner.config import RunConfig
 from tuner.run import build_simulation
 
@@ -287,6 +289,19 @@ def test_fedem_mixture_weights_are_mean_responsibilities_and_prediction_is_the_m
     x = batch(sim, 0, 5, "test")[0]
     probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
     torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(pi, probs, dims=1))
+
+
+def test_fedem_ft_predicts_with_the_authors_uniform_weights_unless_told_pi():
+    for mix in ("uniform", "pi"):
+        sim = sim_for("fedem-ft-m3", 2, hparams={"ft_mix": mix})
+        m, state = sim.method, client(sim, 0)
+        weights = torch.full((3,), 1 / 3) if mix == "uniform" else state["em.pi"]
+        assert mix == "uniform" or not torch.allclose(weights, torch.full((3,), 1 / 3))
+        x = batch(sim, 0, 5, "test")[0]
+        probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
+        torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(weights, probs, dims=1))
+    res = CliRunner().invoke(app, ["run", "fedem-ft-m3", "--dataset", "digits", "--set", "ft_mix=average"])
+    assert res.exit_code == 2 and "ft_mix" in res.output and "Traceback" not in res.output, res.output
 
 
 def test_fedem_m_step_weighs_samples_by_the_e_steps_responsibilities_fixed_through_the_round():
