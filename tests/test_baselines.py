@@ -253,11 +253,15 @@ def test_pfedme_solves_the_envelope_and_moves_w_towards_theta():
 
 
 def test_pfedme_theta_starts_each_round_from_the_received_model():
-    sim = sim_for("pfedme", 1, hparams={"personal_lr": 0.0})  # θ* is then θ's start, and θ lands on it
-    received = {k: sim.server[k].clone() for k in sim.method.net.param_keys}
+    """θ trains away from w first (with personal_lr 0 θ would stay w, and a θ carried over would pass unseen)."""
+    sim = sim_for("pfedme", 1, join_ratio="1")
     sim.step()
-    for k, w in received.items():  # every client trained: its θ is the model it received, not last round's θ
-        torch.testing.assert_close(sim.clients["me." + k], w.expand_as(sim.clients["me." + k]))
+    m, state = sim.method, client(sim, 0)
+    keys = m.net.param_keys
+    assert not all(torch.allclose(state["me." + k], state[k]) for k in keys)  # θ_i after round 1 is not the received w
+    started = m.begin_local(state, sim.server, {}, sim.at(2, [0]).client(0))
+    for k in keys:  # round 2 starts θ_i from the received model, not from round 1's θ_i
+        torch.testing.assert_close(started["me." + k], sim.server[k])
 
 
 def test_hypcluster_clients_take_the_model_of_lowest_loss_and_clusters_average_their_choosers():
