@@ -7,7 +7,7 @@ only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `fedpac-offic
 Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
-from algorithms import apfl, fedcp, fedem, fedpac, gpfl, hypcluster
+from algorithms import apfl, fedcp, fedem, fedpac, gpfl, hypcluster, knnper
 from algorithms.apfl import APFL
 from algorithms.base import Method, Net, Passes, Phase, Round, Training, Unsupported, variant
 from algorithms.optimizers import SGD, Adam, Yogi
@@ -37,7 +37,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 REFERENCE_FORMS = [FedPHPPfllib, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
-_ALL = [*BASELINES, *apfl.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
+_ALL = [*BASELINES, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

@@ -288,10 +288,10 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
         assert (f"{gpu.loc[method, 'ours_mean']:.2f}", gpu.loc[method, "rounds"], published(gpu.loc[method, "paper_mean"])) == (ours, int(rounds), paper)
     readme = (root / "README.md").read_text().split("## Results so far")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in readme.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 23
+    assert {r[0] for r in rows} >= set(gpu.index) and len(rows) == len(cpu)  # a form the H100 has not run yet: "—"
     for method, on_cpu, on_gpu, _ in rows:
         assert on_cpu == f"{cpu.loc[method, 'ours_mean']:.2f}" and cpu.loc[method, "rounds"] == 8
-        assert on_gpu == f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})"
+        assert on_gpu == (f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})" if method in gpu.index else "—")
 
 
 def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_points_within_one():

@@ -64,8 +64,9 @@ RELABELLED = {
     # GPFL and FedCP ran their baselines in PFLlib, whose FedPHP is its own form (algorithms/fedphp.py).
     "GPFL": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
     "FedCP": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
-    # FedPAC's APFL: the authors' output mixing with a fixed α (algorithms/apfl.py).
-    "FedPAC": {"APFL-outputs": "APFL", "APFL": "APFL (paper's form)"},
+    # FedPAC's APFL: the authors' output mixing with a fixed α (algorithms/apfl.py); its kNN-Per: the original
+    # scripts' logit mixing (algorithms/knnper.py).
+    "FedPAC": {"APFL-outputs": "APFL", "APFL": "APFL (paper's form)", "kNN-Per-logits": "kNN-Per", "kNN-Per": "kNN-Per (paper's form)"},
     # The replication report labels its own run of FedPAC apart from the published row it reruns.
     "FedPAC-replication": {"FedPAC": "FedPAC-replicated"},
 }
