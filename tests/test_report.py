@@ -351,3 +351,16 @@ def test_a_sweep_figure_puts_a_log_searched_setting_on_a_log_axis_and_stars_the_
     assert lr.get_xscale() == "log" and mu.get_xscale() == "linear"
     star = [c for c in lr.collections if c.get_label() == "chosen"][0]
     assert star.get_offsets().tolist() == [[0.01, 85.0]]
+
+
+def test_fedavg_follows_pfllibs_own_curve_on_pfllibs_own_partition_within_2_points():
+    """A committed comparison (docs/reproduction.md, "Against PFLlib itself"): PFLlib's FedAvg on the Fashion-MNIST
+    Dir(0.1) folder its own generator wrote, and ours on that folder read as a natural partition, 20 rounds."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "results" / "pfllib-compare"
+    pfllib = pd.read_csv(root / "pfllib.csv")
+    theirs = pfllib[pfllib["method"] == "fedavg"].set_index("round")["acc"]
+    ours = pd.read_parquet(root / "ours-fedavg" / "metrics.parquet").set_index("round")["acc"]
+    assert list(ours.index) == list(range(1, 21))
+    assert (100 * (ours - theirs.loc[1:20])).abs().max() <= 2.0
