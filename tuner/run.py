@@ -20,7 +20,7 @@ from algorithms.base import Method, Net, Training, Unsupported
 from tuner.config import RunConfig
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
-from tuner.data.federated import FederatedData, Split, build
+from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
@@ -88,9 +88,8 @@ def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
     """Every client is scored: a mean over fewer clients than the run names would be another experiment."""
     splits = [("test", data.test)] + ([("validation", data.val)] if cfg.val_frac > 0 else [])
     for split, part in splits:
-        if part is None:
-            part = Split(data.train.x[:0], data.train.y[:0], [0] * data.num_clients)
-        empty = [i for i, n in enumerate(part.counts) if n == 0]
+        counts = part.counts if part is not None else [0] * data.num_clients  # no client drew a validation row
+        empty = [i for i, n in enumerate(counts) if n == 0]
         if not empty:
             continue
         names = ", ".join(data.client_name(i) for i in empty[:5]) + (", ..." if len(empty) > 5 else "")
