@@ -3,7 +3,7 @@
 Ablations and variants are the same method with other hyperparameter defaults, registered
 under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, `apfl-outputs`, ...).
 The reference code's forms, where it departs from its paper, are small subclasses that override
-only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `fedpac-official`, `fedpac-pfllib`).
+only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `pfedme-official`, `fedpac-official`, `fedpac-pfllib`).
 Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
@@ -30,13 +30,13 @@ from algorithms.lgfedavg import LGFedAvg
 from algorithms.local import Local
 from algorithms.perfedavg import PerFedAvg
 from algorithms.pfedhn import PFedHN
-from algorithms.pfedme import PFedMe
+from algorithms.pfedme import PFedMe, PFedMeOfficial
 from algorithms.scaffold import SCAFFOLD
 
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
-REFERENCE_FORMS = [FedPHPPfllib, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
+REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}

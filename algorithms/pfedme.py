@@ -12,6 +12,17 @@ Both updates are one SGD step of size η on λ/2 ‖w − sg(θ*)‖² + ‖θ �
 gradient moves w by η λ (w − θ*) and sets θ to θ* exactly (no momentum or weight decay here).
 Upload: w_i. Server (eq. 10): w ← (1 − β) w + β · sample-weighted mean of the w_i.
 Prediction: θ_i.
+
+`pfedme-official` is the form of the code behind the published numbers: the authors'
+(CharlieDinh/pFedMe) and PFLlib's until May 2023 (clientpFedMe.py at 68e5acf), which GPFL and FedCP
+ran. Two differences: (1) the client predicts with w_i as local training left it, not θ_i: the
+optimizer's `step` returns the model's own parameter tensors, and `update_parameters(model,
+local_params)` then overwrites them with w_i, so the "personalized" evaluation reads w_i; PFLlib
+since May 2023 evaluates the received model instead, a form no table ran. (2) The K inner steps carry
+the optimizer's weight decay μ = 0.001 on θ (pFedMeOptimizer's default, no argument sets it in
+either code). A client left out of a round predicts with the w_i of its last round (in PFLlib 2023
+the received model; the tables ran every client each round). With batch norm, w_i predicts with θ's
+running statistics: the references keep one module whose statistics the θ steps update.
 """
 
 from dataclasses import dataclass, replace
@@ -23,6 +34,7 @@ from algorithms.base import Method, Passes
 from algorithms.optimizers import SGD
 
 PERSONAL = "me."
+TRAINED = "trained."  # pfedme-official: w_i as local training left it
 
 
 @dataclass
@@ -38,6 +50,7 @@ class PFedMe(Method):
     title = "pFedMe"
     Hparams = PFedMeHparams
     passes = Passes(begin_local=True)  # θ_i starts from the received model
+    theta_decay = 0.0  # the paper's eq. 7 has no decay on θ
 
     def init_client(self, model):
         return {**super().init_client(model), **self.net.copy(model, PERSONAL)}
@@ -54,8 +67,10 @@ class PFedMe(Method):
         keys = self.net.param_keys
         w = {k: state[k].detach() for k in keys}
         buffers = {k: state[PERSONAL + k] for k in self.net.buffer_keys}  # θ's own statistics, updated in place
-        objective = lambda th, b: F.cross_entropy(self.net.logits({**state, **b, **th}, x), y) + self.hp.lam / 2 * sum(  # noqa: E731
-            ((th[k] - w[k]) ** 2).sum() for k in keys
+        objective = lambda th, b: (  # noqa: E731
+            F.cross_entropy(self.net.logits({**state, **b, **th}, x), y)
+            + self.hp.lam / 2 * sum(((th[k] - w[k]) ** 2).sum() for k in keys)
+            + self.theta_decay / 2 * sum((th[k] ** 2).sum() for k in keys)
         )
         theta = {k: state[PERSONAL + k].detach() for k in keys}
         for _ in range(self.hp.inner_steps):
@@ -75,3 +90,23 @@ class PFedMe(Method):
 
     def logits(self, state, server, x):
         return self.net.logits(state, x, PERSONAL)
+
+
+class PFedMeOfficial(PFedMe):
+    """The authors' code's form (module docstring): predicts with the trained w_i; θ decays by μ = 0.001."""
+
+    name = "pfedme-official"
+    title = "pFedMe-official"
+    family = "pfedme"
+    passes = Passes(begin_local=True, end_local=True)
+    theta_decay = 0.001  # pFedMeOptimizer's mu
+
+    def init_client(self, model):
+        return {**super().init_client(model), **self.net.copy(model, TRAINED)}
+
+    def end_local(self, client, server, stats, at):
+        params = {TRAINED + k: client[k].clone() for k in self.net.param_keys}
+        return params | {TRAINED + k: client[PERSONAL + k].clone() for k in self.net.buffer_keys}  # θ's statistics (docstring)
+
+    def logits(self, state, server, x):
+        return self.net.logits(state, x, TRAINED)

@@ -264,6 +264,27 @@ def test_pfedme_theta_starts_each_round_from_the_received_model():
         torch.testing.assert_close(started["me." + k], sim.server[k])
 
 
+def test_pfedme_official_predicts_with_w_i_as_local_training_left_it_and_decays_theta():
+    sim = sim_for("pfedme-official", 0, join_ratio="1", dtype="float64")
+    m, keys = sim.method, sim.method.net.param_keys
+    sim._local_round(sim.at(1, list(range(sim.data.num_clients))))
+    trained = {k: sim.clients[k].clone() for k in keys}  # w_i after round 1, before the server's model comes back
+    sim.round = 1  # as Simulation.step goes on: every client takes the server's model, then evaluation
+    sim._broadcast(list(range(sim.data.num_clients)))
+    state, x = client(sim, 0), batch(sim, 0, split="test")[0]
+    assert not torch.allclose(state[keys[0]], trained[keys[0]][0])  # the received model replaced w_0 ...
+    w0 = {k: trained[k][0] for k in keys}
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **w0}, x))  # ... yet w_0 as trained predicts
+    assert not torch.allclose(m.logits(state, sim.server, x), m.net.logits(state, x, "me."))  # not θ_0
+    # the inner steps carry pFedMeOptimizer's weight decay μ = 0.001 on θ: one step from θ = w, λ = 0
+    paper = METHODS["pfedme"](m.net, m.training, m.Hparams(lam=0.0, inner_steps=1))
+    official = METHODS["pfedme-official"](m.net, m.training, m.Hparams(lam=0.0, inner_steps=1))
+    xb, yb = batch(sim, 0)
+    theta_paper, theta_official = paper.personal(state, xb, yb), official.personal(state, xb, yb)
+    for k in keys:
+        torch.testing.assert_close(theta_official[k] - theta_paper[k], -paper.hp.personal_lr * 0.001 * state["me." + k])
+
+
 def test_hypcluster_clients_take_the_model_of_lowest_loss_and_clusters_average_their_choosers():
     sim = sim_for("hypcluster", 1, join_ratio="1", hparams={"k": 3})
     m = sim.method

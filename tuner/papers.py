@@ -61,9 +61,10 @@ TABLES = {
 # otherwise: paper -> {method title: the label of the row it stands for}. Every other title is its
 # own label; a default form displaced by another keeps a row of its own beside the published one.
 RELABELLED = {
-    # GPFL and FedCP ran their baselines in PFLlib, whose FedPHP is its own form (algorithms/fedphp.py).
-    "GPFL": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
-    "FedCP": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)"},
+    # GPFL and FedCP ran their baselines in PFLlib (early 2023), whose FedPHP is its own form (algorithms/fedphp.py)
+    # and whose pFedMe predicted with w_i as the authors' code does (algorithms/pfedme.py).
+    "GPFL": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)", "pFedMe-official": "pFedMe", "pFedMe": "pFedMe (paper's form)"},
+    "FedCP": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)", "pFedMe-official": "pFedMe", "pFedMe": "pFedMe (paper's form)"},
     # FedPAC's APFL: the authors' output mixing with a fixed α (algorithms/apfl.py); its kNN-Per: the original
     # scripts' logit mixing (algorithms/knnper.py).
     "FedPAC": {"APFL-outputs": "APFL", "APFL": "APFL (paper's form)", "kNN-Per-logits": "kNN-Per", "kNN-Per": "kNN-Per (paper's form)"},
