@@ -16,8 +16,11 @@ from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
 from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
+from algorithms.fedbn import FedBN
+from algorithms.feddyn import FedDyn
 from algorithms.fedbabu import FedBABU
 from algorithms.fedfomo import FedFomo
+from algorithms.fedntd import FedNTD
 from algorithms.fedopt import FedAdam, FedYogi
 from algorithms.fedper import FedPer
 from algorithms.fedphp import FedPHP, FedPHPPfllib
@@ -28,6 +31,7 @@ from algorithms.fedrod import FedRoD
 from algorithms.knnper import KNNPer
 from algorithms.lgfedavg import LGFedAvg
 from algorithms.local import Local
+from algorithms.moon import MOON
 from algorithms.perfedavg import PerFedAvg
 from algorithms.pfedhn import PFedHN
 from algorithms.pfedme import PFedMe, PFedMeOfficial
@@ -36,8 +40,10 @@ from algorithms.scaffold import SCAFFOLD
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
+# Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
+ROSTER = [FedNTD, FedDyn, MOON, FedBN]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
-_ALL = [*BASELINES, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
+_ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

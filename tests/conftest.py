@@ -9,6 +9,17 @@ import pytest
 os.environ["TUNER_CACHE"] = tempfile.mkdtemp(prefix="tuner-test-cache-")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def tiny_batchnorm_backbone():
+    """The tests' small BatchNorm backbone (simulations.tiny_batchnorm), known by name in every test."""
+    from simulations import tiny_batchnorm
+    from tuner.models import BACKBONES
+
+    BACKBONES["tiny_batchnorm"] = tiny_batchnorm
+    yield
+    del BACKBONES["tiny_batchnorm"]
+
+
 @pytest.fixture
 def spawn():
     """subprocess.Popen in a process group of its own, stopped with its children at teardown if still running,

@@ -4,17 +4,31 @@
 tests, whose sequential reference runs `reference_run` makes once per session (vectorized equals
 sequential; no method silently equals another)."""
 
+import math
 from functools import lru_cache
 
 import torch
+from torch import nn
 
 from tuner.config import RunConfig
+from tuner.models import Backbone
 from tuner.run import build_simulation
+
+
+def tiny_batchnorm(input_shape, num_classes):
+    """A backbone with BatchNorm in its body and its head, small enough to run every method in seconds
+    (registered for the whole session in conftest.py)."""
+    width = 16
+    body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.BatchNorm1d(width), nn.ReLU())
+    return Backbone(body, nn.Sequential(nn.BatchNorm1d(width), nn.Linear(width, num_classes)), width)
+
+
+NEEDS = {"fedbn": {"backbone": "tiny_batchnorm"}}  # what a method needs to be more than FedAvg (FedBN: batch norm)
 
 
 def digits(method: str, **kw) -> RunConfig:
     """Six clients on digits; kw: any run setting."""
-    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05)
+    base = dict(method=method, dataset="digits", partition="pat:2", clients=6, lr=0.05, **NEEDS.get(method, {}))
     return RunConfig(**{**base, **kw})
 
 

@@ -9,10 +9,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from tuner.models import BACKBONES
 
 from simulations import assert_equal_states, exact_config, reference_run, run_rounds
-from test_engine import tiny_batchnorm
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +44,7 @@ def test_a_compiled_run_compiles_nothing_after_its_shapes_are_known():
     assert counters["stats"]["unique_graphs"] == before and 1 <= programs <= sim.executor.shapes_compiled()
 
 
-def test_compiled_steps_keep_batchnorm_statistics_per_client(monkeypatch):
-    monkeypatch.setitem(BACKBONES, "tiny_batchnorm", tiny_batchnorm)
+def test_compiled_steps_keep_batchnorm_statistics_per_client():
     cfg = dict(backbone="tiny_batchnorm", join_ratio="1", batch_size=30)
     eager, _ = run_rounds(exact_config("fedper", executor="sequential", **cfg), 2)
     compiled, _, _ = compiled_run(exact_config("fedper", executor="vectorized", engine="compiled", **cfg), 2)

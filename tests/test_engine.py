@@ -69,18 +69,10 @@ def test_batchnorm_statistics_stay_per_client_under_both_executors():
     assert len(trained) == 3 and not torch.equal(means[trained[0]], means[trained[1]])
 
 
-def tiny_batchnorm(input_shape, num_classes):
-    """A backbone with BatchNorm in its body and its head, small enough to run every method in seconds."""
-    width = 16
-    body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.BatchNorm1d(width), nn.ReLU())
-    return Backbone(body, nn.Sequential(nn.BatchNorm1d(width), nn.Linear(width, num_classes)), width)
-
-
 @pytest.mark.parametrize("method", sorted(name for name, cls in METHODS.items() if not cls.family))
-def test_every_method_trains_with_batchnorm_under_vmap_with_statistics_per_client(method, monkeypatch):
+def test_every_method_trains_with_batchnorm_under_vmap_with_statistics_per_client(method):
     # Round 2 is where anything uploaded in round 1 comes back (FedCP once failed there). ResNet-18 itself
     # runs under both executors in the tests around this one; here each method meets BatchNorm.
-    monkeypatch.setitem(BACKBONES, "tiny_batchnorm", tiny_batchnorm)
     cfg = dict(clients=6, join_ratio="0.5", backbone="tiny_batchnorm", partition="iid", lr=0.01, batch_size=30, rounds=2, val_frac=0.0, eval_gap=2)
     sim = build_simulation(digits(method, executor="vectorized", **cfg))
     statistics = lambda: {k: v.clone() for k, v in sim.server.items() if sim.method.net.is_buffer(k)}  # noqa: E731
@@ -93,10 +85,9 @@ def test_every_method_trains_with_batchnorm_under_vmap_with_statistics_per_clien
     assert any(len({tuple(v.flatten().tolist()) for v in sim.clients[k]}) > 1 for k in means)  # each client's own
 
 
-def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors(monkeypatch):
+def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
     # FedCP evaluates the frozen global model with each client's own statistics (BatchNorm in body and
     # head); round 2 is where uploaded statistics would come back from the server and break vmap.
-    monkeypatch.setitem(BACKBONES, "tiny_batchnorm", tiny_batchnorm)
     cfg = dict(clients=12, join_ratio="0.25", backbone="tiny_batchnorm", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2, dtype="float64")
     seq, _ = run_rounds(digits("fedcp", executor="sequential", **cfg), 2)
     vec, _ = run_rounds(digits("fedcp", executor="vectorized", **cfg), 2)

@@ -1,0 +1,47 @@
+"""FedNTD (Lee et al., NeurIPS 2022): preserve the global model's knowledge of the not-true classes.
+
+Shared: the whole backbone. Personal: nothing.
+Local loss (eq. 5): CE(f(x; w), y) + β · L_NTD, where L_NTD = KL(q̃_g ‖ q̃_l) between the received
+global model's and the local model's softmax(z/τ) over the classes other than the sample's label
+(its not-true logits, eq. 4); the global model is frozen (no gradient).
+Upload / server / prediction: as FedAvg (the global model predicts).
+
+Sources: Lee-Gihun/FedNTD (algorithms/fedntd/criterion.py, config/fedntd.json: τ = 1, β = 1) and
+PFLlib clientntd.py, which multiplies L_NTD by τ² (the same at τ = 1; here as the authors' code, no τ²).
+The not-true softmax is the full softmax with the label's logit at −∞ (the same values as gathering the
+other logits, with no shape that depends on y). With batch norm the global model's parameters
+predict with the client's running statistics (the server holds none).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from algorithms.base import Method
+
+
+@dataclass
+class FedNTDHparams:
+    beta: float = 1.0  # β, weight of the not-true distillation (authors' config)
+    tau: float = 1.0  # τ, the softmax temperature (authors' config)
+
+
+def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau) -> torch.Tensor:
+    """KL(teacher ‖ student) of the tempered softmaxes over each sample's not-true classes, batch mean (eq. 4)."""
+    true = y[:, None] == torch.arange(student.shape[-1], device=y.device)  # (one_hot reads values: vmap refuses it)
+    log_p = F.log_softmax(student.masked_fill(true, float("-inf")) / tau, -1)
+    log_q = F.log_softmax(teacher.masked_fill(true, float("-inf")) / tau, -1)
+    terms = torch.where(true, 0.0, log_q.exp() * (log_q - log_p))
+    return terms.sum(-1).mean()
+
+
+class FedNTD(Method):
+    name = "fedntd"
+    title = "FedNTD"
+    Hparams = FedNTDHparams
+
+    def loss(self, state, server, x, y):
+        logits = self.net.logits(state, x)
+        received = self.net.logits({**state, **server}, x).detach()  # the global model of this round, frozen
+        return F.cross_entropy(logits, y) + self.hp.beta * not_true_kl(logits, received, y, self.hp.tau)  # eq. 5

@@ -1,0 +1,83 @@
+"""Methods of PFLlib's roster beyond the papers' tables: each test fails if the method's defining term is removed."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import grad
+
+from simulations import batch, client, sim_for
+
+
+def test_fedntd_distills_the_received_models_not_true_classes_only():
+    sim = sim_for("fedntd", 1, dtype="float64")
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0)
+    state = {**state, **{k: v + 0.1 * torch.randn_like(v) for k, v in state.items() if k in sim.server}}  # local ≠ global
+    local, received = m.net.logits(state, x), m.net.logits({**state, **sim.server}, x)
+    others = torch.stack([torch.cat([row[:c], row[c + 1 :]]) for row, c in zip(torch.arange(10).repeat(len(y), 1), y)])
+    gather = lambda z: torch.gather(z, 1, others)  # noqa: E731  the authors' refine_as_not_true
+    tau, beta = m.hp.tau, m.hp.beta
+    kl = F.kl_div(F.log_softmax(gather(local) / tau, 1), F.softmax(gather(received) / tau, 1), reduction="batchmean")
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * kl)
+    assert kl > 1e-4
+    # the label's own logit is left to the cross-entropy: the distillation gives it no gradient
+    from algorithms.fedntd import not_true_kl
+
+    g = grad(lambda z: not_true_kl(z, received, y, tau))(local)
+    assert torch.all(g.gather(1, y[:, None]) == 0) and torch.isfinite(g).all()
+
+
+def test_feddyn_corrects_each_client_by_its_last_gradient_and_the_server_by_h():
+    sim = sim_for("feddyn", 0, join_ratio="0.5", dtype="float64")
+    m, keys, alpha = sim.method, sim.method.net.param_keys, sim.method.hp.alpha
+    before = {k: sim.server[k].clone() for k in keys}
+    sim.step()
+    trained = [i for i in range(6) if sim.clients["dyn.grad." + keys[0]][i].abs().sum() > 0]
+    assert len(trained) == 3  # the cohort: the rest keep g_k = 0
+    cohort = torch.tensor(trained)
+    for k in keys:  # the uploads are gone after the broadcast; g_k = −α(θ_k − θ^{t−1}) recovers them
+        theta = before[k] - sim.clients["dyn.grad." + k][cohort] / alpha
+        h = -alpha * (theta - before[k]).sum(0) / 6
+        torch.testing.assert_close(sim.server["dyn.h." + k], h)
+        torch.testing.assert_close(sim.server[k], theta.mean(0) - h / alpha)  # plain mean, corrected by h
+    # the local objective's gradient: ∇CE − g_k + α(θ − θ^{t−1})
+    state, x, y = client(sim, trained[0]), *batch(sim, trained[0])
+    params = {k: state[k] + 0.01 for k in keys}
+    g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))(params)
+    ce = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x), y))(params)
+    for k in keys:
+        torch.testing.assert_close(g[k], ce[k] - state["dyn.grad." + k] + alpha * (params[k] - sim.server[k]))
+
+
+def test_moon_contrasts_with_the_global_and_the_previous_local_model():
+    sim = sim_for("moon", 0, join_ratio="1", dtype="float64")
+    m, keys = sim.method, sim.method.net.param_keys
+    initial = {k: sim.clients[k][0].clone() for k in keys}
+    assert all(torch.equal(sim.clients["moon.prev." + k][0], initial[k]) for k in keys)  # at first: the initial model
+    sim.step()
+    state, x, y = client(sim, 0), *batch(sim, 0)
+    assert not torch.allclose(state["moon.prev." + keys[0]], sim.server[keys[0]])  # the model it trained, not the global one
+    state = {**state, **{k: state[k] + 0.05 * torch.randn_like(state[k]) for k in keys}}
+    z, zg, zp = (m.net.features(s, x) for s in (state, {**state, **sim.server}, {**state, **{k: state["moon.prev." + k] for k in keys}}))
+    sg, sp = F.cosine_similarity(z, zg) / m.hp.tau, F.cosine_similarity(z, zp) / m.hp.tau
+    contrastive = -torch.log(sg.exp() / (sg.exp() + sp.exp())).mean()
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(m.net.head(state, z), y) + m.hp.mu * contrastive)
+
+
+def test_fedbn_keeps_every_batch_norm_layer_local_and_shares_the_rest():
+    sim = sim_for("fedbn", 1, join_ratio="1", partition="dir:0.3")
+    norms = [k for k in sim.method.net.param_keys if k.startswith(sim.method.local_norms)]
+    assert norms == ["body.2.weight", "body.2.bias", "head.0.weight", "head.0.bias"]  # tiny_batchnorm's two BatchNorm1d
+    assert not set(norms) & set(sim.server)
+    for k in norms:
+        assert len({tuple(v.tolist()) for v in sim.clients[k]}) == 6  # each client's own
+    shared = [k for k in sim.method.net.param_keys if k not in norms]
+    for k in shared:
+        assert all(torch.equal(v, sim.server[k]) for v in sim.clients[k])  # the rest: the server's
+
+
+def test_fedbn_refuses_a_backbone_without_batch_norm():
+    from tuner.errors import UserError
+
+    with pytest.raises(UserError, match="backbone=resnet18"):
+        sim_for("fedbn", 0, backbone="mlp")
