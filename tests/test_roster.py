@@ -81,3 +81,26 @@ def test_fedbn_refuses_a_backbone_without_batch_norm():
 
     with pytest.raises(UserError, match="backbone=resnet18"):
         sim_for("fedbn", 0, backbone="mlp")
+
+
+def test_fml_teaches_each_model_by_the_other_and_predicts_with_the_local_one():
+    sim = sim_for("fml", 1, dtype="float64")
+    m, keys, state = sim.method, sim.method.net.param_keys, client(sim, 0)
+    x, y = batch(sim, 0)
+    assert not torch.allclose(state[keys[0]], state["meme." + keys[0]])  # two models, not one
+    params = {k: state[k] for k in keys} | {"meme." + k: state["meme." + k] for k in keys}
+    g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))(params)
+    local, meme = m.net.logits(state, x), m.net.logits(state, x, "meme.")
+
+    def own(prefix, other, a):  # eq. 1 / eq. 2 with the other model's prediction as a constant target
+        def f(p):
+            z = m.net.logits({**state, **p}, x, prefix)
+            return a * F.cross_entropy(z, y) + (1 - a) * F.kl_div(F.log_softmax(z, -1), F.softmax(other, -1), reduction="batchmean")
+
+        return grad(f)({prefix + k: state[prefix + k] for k in keys})
+
+    g_local, g_meme = own("", meme, m.hp.alpha), own("meme.", local, m.hp.beta)
+    for k in keys:
+        torch.testing.assert_close(g[k], g_local[k])
+        torch.testing.assert_close(g["meme." + k], g_meme["meme." + k])
+    torch.testing.assert_close(m.logits(state, sim.server, x), local)  # the local model predicts
