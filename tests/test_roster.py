@@ -104,3 +104,17 @@ def test_fml_teaches_each_model_by_the_other_and_predicts_with_the_local_one():
         torch.testing.assert_close(g[k], g_local[k])
         torch.testing.assert_close(g["meme." + k], g_meme["meme." + k])
     torch.testing.assert_close(m.logits(state, sim.server, x), local)  # the local model predicts
+
+
+def test_fedlc_calibrates_each_clients_logits_by_its_own_label_counts():
+    sim = sim_for("fedlc", 1, dtype="float64", partition="pat:2")
+    m, state = sim.method, client(sim, 0)
+    _, labels = sim.data.train.client(0)
+    counts = torch.bincount(labels, minlength=10).double()
+    assert (counts == 0).sum() == 8  # two classes: the other eight get the largest calibration
+    torch.testing.assert_close(state["lc.counts"], counts.clamp(min=1e-8))
+    x, y = batch(sim, 0)
+    logits = m.net.logits(state, x)
+    calibrated = F.cross_entropy(logits - m.hp.tau * counts.clamp(min=1e-8) ** -0.25, y)
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), calibrated)
+    assert abs(calibrated - F.cross_entropy(logits, y)) > 1e-3

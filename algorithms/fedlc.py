@@ -1,0 +1,49 @@
+"""FedLC (Zhang et al., ICML 2022): federated learning with label distribution skew via logits calibration.
+
+Shared: the whole backbone. Personal: the client's label counts n_{i,y} ("lc.counts", counted on its
+training split before it trains).
+Local loss: cross-entropy of the calibrated logits f_y(x) − τ n_{i,y}^{−1/4}: a class the client has
+seen rarely has its logit lowered in training, so its pairwise margin against the frequent classes is
+enforced more strongly (the paper's calibrated loss).
+Upload / server / prediction: as FedAvg (the global model predicts, uncalibrated).
+
+Sources: FL-bench src/client/fedlc.py, whose form this is: the client's own counts, a class it lacks
+counted as 1e-8 (its calibration 100 τ: out of the softmax in effect), the full softmax. PFLlib
+serverlc.py calibrates every client by the counts of the whole federation (one vector for all), which
+does not follow the local skew the paper calibrates. τ = 1 as both (PFLlib's -tau, FL-bench's default).
+"""
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from algorithms.base import Method, Passes
+from algorithms.common import label_counts
+
+COUNTS = "lc.counts"
+ABSENT = 1e-8  # the count a class the client lacks takes (FL-bench)
+
+
+@dataclass
+class FedLCHparams:
+    tau: float = 1.0  # τ, the calibration's strength
+
+
+class FedLC(Method):
+    name = "fedlc"
+    title = "FedLC"
+    Hparams = FedLCHparams
+    passes = Passes(statistics_before=True, begin_local=True)
+
+    def init_client(self, model):
+        return {**super().init_client(model), COUNTS: next(iter(model.values())).new_ones(self.training.num_classes)}
+
+    def statistics(self, state, server, x, y, w):
+        return {"labels": label_counts(y, w, self.training.num_classes)}
+
+    def begin_local(self, client, server, stats, at):
+        return {COUNTS: stats["labels"].clamp(min=ABSENT)}
+
+    def loss(self, state, server, x, y):
+        calibration = self.hp.tau * state[COUNTS] ** -0.25
+        return F.cross_entropy(self.net.logits(state, x) - calibration, y)
