@@ -237,6 +237,9 @@ def test_a_table_row_stands_for_the_form_that_produced_it_and_the_default_form_s
     assert gpfl1.loc["FedPHP (paper's form)", "ours_mean"] == pytest.approx(75.0) and pd.isna(gpfl1.loc["FedPHP (paper's form)", "paper_mean"])
     methods = {c["method"] for c in cells("gpfl-table1", methods=None)[0]} | {c["method"] for c in cells("fedcp-table2")[0]}
     assert "fedphp-pfllib" in methods and "fedphp" not in methods  # tuner reproduce runs the form behind the numbers
+    assert "pfedme-official" in methods and "pfedme" not in methods  # PFLlib of early 2023 predicted with w_i
+    fedpac = {c["method"] for c in cells("fedpac-table1", methods=None)[0]}
+    assert {"pfedme", "knn-per-logits", "apfl-outputs"} <= fedpac and not {"pfedme-official", "knn-per"} & fedpac
 
 
 def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed_runs():
