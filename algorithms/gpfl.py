@@ -21,8 +21,9 @@ gradient), p_i without the 1/U, and g, p_i computed from the client's own embedd
 trained them) just before the received ones overwrite them ("gpfl.cond_gce"), instead of from Ĉ. Round 1
 trains on zero conditional inputs: PFLlib's client starts them at zeros (clientgpfl.py __init__) and
 set_GCE first runs after round 1's aggregation (servergpfl.py train). On PFLlib's own Fashion-MNIST Dir(0.1)
-folder this form still scores 70.95 after round 1 where PFLlib's GPFL scores 73.86 (FedAvg agrees within
-1.8 points for 20 rounds): a gap not yet explained (docs/reproduction.md, "Against PFLlib itself").
+folder, 20 rounds beside a PFLlib run (docs/reproduction.md, "Against PFLlib itself"): level at round 20 (94.42
+against 93.57), 1.0 to 2.8 points below it from round 5 to 18; PFLlib's own runs differ by up to 5.3 points in
+the first rounds, and no other difference was found in its code: whether one remains needs more PFLlib runs.
 """
 
 from __future__ import annotations

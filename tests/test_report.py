@@ -367,3 +367,21 @@ def test_fedavg_follows_pfllibs_own_curve_on_pfllibs_own_partition_within_2_poin
     ours = pd.read_parquet(root / "ours-fedavg" / "metrics.parquet").set_index("round")["acc"]
     assert list(ours.index) == list(range(1, 21))
     assert (100 * (ours - theirs.loc[1:20])).abs().max() <= 2.0
+
+
+def test_the_gpfl_comparison_with_pfllib_on_the_page_is_the_committed_curves():
+    """docs/reproduction.md's GPFL-PFLlib table against PFLlib's runs is read from results/pfllib-compare, and
+    the comparison it states holds there: level at round 20, one side only from round 5 to 18."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pfllib = pd.read_csv(root / "results" / "pfllib-compare" / "pfllib.csv")
+    gpfl = pfllib[pfllib["method"] == "gpfl"].pivot(index="round", columns="run", values="acc") * 100
+    ours = pd.read_parquet(root / "results" / "pfllib-compare" / "ours-gpfl-pfllib" / "metrics.parquet").set_index("round")["acc"] * 100
+    page = (root / "docs" / "reproduction.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in page.splitlines() if line.strip().startswith(("| PFLlib, run", "| ours |"))}
+    header = next(line for line in page.splitlines() if line.strip().startswith("| round | 1 | 2 |"))
+    rounds = [int(r) for r in header.split("|")[2:-1]]
+    for label, curve in [("PFLlib, run 3", gpfl[3]), ("ours", ours)]:
+        assert [c.strip() for c in rows[label]] == [f"{curve[r]:.2f}" for r in rounds], label
+    assert abs(ours[20] - gpfl[3][20]) < 1.0 and all(ours[r] < gpfl[3][r] for r in range(5, 19))
