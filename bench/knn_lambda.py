@@ -2,9 +2,9 @@
 datastore (our rule) against the fixed λ = 0.5, measured on one training.
 
 kNN-Per trains as FedAvg; λ only mixes at prediction, so both columns read the same models each round:
-the rule's column is exactly what `tuner run knn-per-logits` reports under the same settings (its
-first 8 rounds are results/reproduction/pac-knn-per-logits). Writes a CSV of round, both accuracies
-and the mean λ the rule chose.
+the rule's column is what `tuner run knn-per-logits` reports under the same settings, up to float
+rounding carried over rounds (results/reproduction/pac-knn-per-logits: 80.57 at round 1 as here, 85.00
+at round 8 where this read 85.04). Writes a CSV of round, both accuracies and the mean λ the rule chose.
 Usage: python bench/knn_lambda.py [--method knn-per-logits] [--rounds 30] [--out knn-lambda.csv]
        (FedPAC's Fashion-MNIST split: pac:20, 20 clients, seed 0, FedPAC's protocol)
 """
