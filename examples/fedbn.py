@@ -1,5 +1,7 @@
 """FedBN (Li et al., "FedBN: Federated Learning on Non-IID Features via Local Batch Normalization",
-ICLR 2021), written as a user of this tool writes a method: one file, outside the package.
+ICLR 2021), written as a user of this tool writes a method: one file, outside the package. The tool also
+has FedBN built in (`fedbn`, algorithms/fedbn.py); this file writes it again as the worked example of
+docs/own_code.md, under a name of its own.
 
 Shared: every parameter but BatchNorm's. Personal: each BatchNorm layer's weight and bias (its
 running statistics stay with each client under every method here).
@@ -16,8 +18,8 @@ from algorithms import Method, Unsupported
 
 
 class FedBN(Method):
-    name = "fedbn"
-    title = "FedBN"
+    name = "my-fedbn"
+    title = "My FedBN"
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
