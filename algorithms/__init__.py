@@ -16,6 +16,7 @@ from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
 from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
+from algorithms.fd import FD
 from algorithms.fedbn import FedBN
 from algorithms.feddyn import FedDyn
 from algorithms.fedbabu import FedBABU
@@ -37,13 +38,14 @@ from algorithms.moon import MOON
 from algorithms.perfedavg import PerFedAvg
 from algorithms.pfedhn import PFedHN
 from algorithms.pfedme import PFedMe, PFedMeOfficial
+from algorithms.pflda import PFLDA
 from algorithms.scaffold import SCAFFOLD
 
 BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditto, APFL, FedPer, FedRep, FedRoD, FedBABU, LGFedAvg, FedPHP,
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
-ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML]
+ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip

@@ -118,3 +118,46 @@ def test_fedlc_calibrates_each_clients_logits_by_its_own_label_counts():
     calibrated = F.cross_entropy(logits - m.hp.tau * counts.clamp(min=1e-8) ** -0.25, y)
     torch.testing.assert_close(m.loss(state, sim.server, x, y), calibrated)
     assert abs(calibrated - F.cross_entropy(logits, y)) > 1e-3
+
+
+def test_fd_distills_toward_the_cohorts_class_average_logits():
+    sim = sim_for("fd", 0, join_ratio="1", dtype="float64", partition="pat:2")
+    m = sim.method
+    assert not sim.server["fd.has"].any()
+    sim.step()
+    expected, holders = torch.zeros(10, 10, dtype=torch.float64), torch.zeros(10, dtype=torch.float64)
+    for i in range(6):  # each client's class averages of its trained model's logits, then a plain mean over clients
+        state = client(sim, i)
+        x, y = sim.data.train.client(i)
+        out = m.net.logits(state, sim.data.decode(x))
+        for c in y.unique():
+            expected[c] += out[y == c].mean(0)
+            holders[c] += 1
+    assert (holders > 0).all() and holders.max() > 1
+    torch.testing.assert_close(sim.server["fd.global"], expected / holders[:, None])
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    out = m.net.logits(state, x)
+    soft = -(sim.server["fd.global"][y] * F.log_softmax(out, -1)).sum(-1).mean()  # raw logits as the soft target
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(out, y) + m.hp.lam * soft)
+    assert soft.abs() > 1e-3
+    assert not any(k in sim.server for k in m.net.param_keys)  # no weights leave a client
+
+
+def test_pflda_pulls_the_personal_head_and_adapts_the_body_to_the_global_head():
+    sim = sim_for("pflda", 1, join_ratio="1", dtype="float64")
+    m, state, (x, y) = sim.method, client(sim, 0), batch(sim, 0)
+    head_keys = m.net.keys(("head.",))
+    assert set(sim.server) == {"ghead." + k.removeprefix("head.") for k in head_keys}  # the global head alone is shared
+    body = m.net.keys(("body.",))[0]
+    assert not torch.allclose(sim.clients[body][0], sim.clients[body][1])  # bodies stay personal
+    phase1, phase2 = m.phases()
+    assert phase1.trains == ("head.",) and phase2.trains == ("body.", "ghead.")
+    gap = torch.cat([(state[k] - state["g" + k]).flatten() for k in head_keys])
+    assert gap.norm() > 1e-3
+    g = grad(lambda p: phase1.loss({**state, **p}, sim.server, x, y))({k: state[k] for k in head_keys})
+    ce = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x), y))({k: state[k] for k in head_keys})
+    for k in head_keys:  # the pull's gradient: λ (head − ghead) / ‖head − ghead‖
+        torch.testing.assert_close(g[k], ce[k] + m.hp.lam * (state[k] - state["g" + k]) / gap.norm())
+    body_out = m.net.head(state, m.net.features(state, x), "ghead.")
+    torch.testing.assert_close(phase2.loss(state, sim.server, x, y), F.cross_entropy(body_out, y))
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits(state, x))  # the personal model predicts
