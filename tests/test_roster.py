@@ -161,3 +161,38 @@ def test_pflda_pulls_the_personal_head_and_adapts_the_body_to_the_global_head():
     body_out = m.net.head(state, m.net.features(state, x), "ghead.")
     torch.testing.assert_close(phase2.loss(state, sim.server, x, y), F.cross_entropy(body_out, y))
     torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits(state, x))  # the personal model predicts
+
+
+def test_fedgh_trains_the_servers_head_on_the_clients_prototypes():
+    sim = sim_for("fedgh", 0, join_ratio="1", dtype="float64", partition="pat:2")
+    m, head_keys = sim.method, sim.method.net.keys(("head.",))
+    before = {k: sim.server[k].clone() for k in head_keys}
+    sim.step()
+    protos, labels = [], []
+    for i in range(6):  # each client's class means of its trained body's features
+        state = client(sim, i)
+        x, y = sim.data.train.client(i)
+        f = m.net.features(state, sim.data.decode(x))
+        for c in y.unique():
+            protos.append(f[y == c].mean(0))
+            labels.append(c)
+            torch.testing.assert_close(state["gh.sum"][c] / state["gh.count"][c], protos[-1])
+    protos, labels = torch.stack(protos), torch.stack(labels)
+    assert len(labels) == 12  # two classes a client
+    from algorithms.common import uniform
+
+    order = torch.argsort(uniform(torch.tensor(1), (12,), torch.float64))  # the keyed order: seed 0, round 1
+    head = {k: v.clone().requires_grad_(True) for k, v in before.items()}
+    opt = torch.optim.SGD(head.values(), lr=m.hp.server_lr)
+    for start in range(0, 12, m.training.batch_size):  # one epoch over the pairs, the run's batch size
+        idx = order[start : start + m.training.batch_size]
+        opt.zero_grad()
+        F.cross_entropy(m.net.head(head, protos[idx]), labels[idx]).backward()
+        opt.step()
+    for k in head_keys:
+        torch.testing.assert_close(sim.server[k], head[k].detach())
+        assert not torch.allclose(sim.server[k], before[k])
+        assert all(torch.equal(v, sim.server[k]) for v in sim.clients[k])  # every client predicts with the server's head
+    body = m.net.keys(("body.",))[0]
+    assert body not in sim.server and not torch.allclose(sim.clients[body][0], sim.clients[body][1])  # bodies stay personal
+    assert set(m.upload(client(sim, 0), sim.server)) == {"gh.sum", "gh.count"}  # no weights uploaded
