@@ -196,3 +196,40 @@ def test_fedgh_trains_the_servers_head_on_the_clients_prototypes():
     body = m.net.keys(("body.",))[0]
     assert body not in sim.server and not torch.allclose(sim.clients[body][0], sim.clients[body][1])  # bodies stay personal
     assert set(m.upload(client(sim, 0), sim.server)) == {"gh.sum", "gh.count"}  # no weights uploaded
+
+
+def test_fedcac_mixes_each_clients_critical_parameters_from_its_collaborators_only():
+    sim = sim_for("fedcac", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"beta": 3})
+    keys, tau = sim.method.net.param_keys, 0.5
+    start = {k: sim.clients[k].clone() for k in keys}
+    sim.step()
+    # the broadcast mixes the trained models away: the same round again, its broadcast left out, keeps them
+    again = sim_for("fedcac", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"beta": 3})
+    again.method.broadcast = lambda client, server, at: client  # keep the trained models where the broadcast would mix them
+    again.step()
+    trained = {k: again.clients[k].clone() for k in keys}
+    masks = []
+    for i in range(6):
+        flat = []
+        for k in keys:
+            c = ((trained[k][i] - start[k][i]) * trained[k][i]).abs().flatten()
+            top = torch.topk(c, int(tau * c.numel())).values[-1]  # PFLlib's evaluate_critical_parameter
+            mask = (c >= top).double()
+            torch.testing.assert_close(sim.clients["cac.mask." + k][i].flatten(), mask)
+            flat.append(mask)
+        masks.append(torch.cat(flat))
+    overlap = [[1 - (masks[i] - masks[j]).abs().sum() / (2 * masks[i].sum()) for j in range(6)] for i in range(6)]
+    pairs = torch.stack([overlap[i][j] for i in range(6) for j in range(6) if i != j])
+    threshold = pairs.mean() + 1 / 3 * (pairs.max() - pairs.mean())  # round 1, β = 3
+    n = sim.data.train.counts
+    for k in keys:
+        glob = sum(n[i] * trained[k][i] for i in range(6)) / sum(n)
+        torch.testing.assert_close(sim.server[k], glob)
+        for i in range(6):
+            team = [i] + [j for j in range(6) if j != i and overlap[i][j] >= threshold]
+            custom = sum(trained[k][j] for j in team) / len(team)
+            torch.testing.assert_close(sim.server["cac.custom." + k][i], custom)
+            mask = sim.clients["cac.mask." + k][i]
+            torch.testing.assert_close(sim.clients[k][i], mask * custom + (1 - mask) * glob)  # the broadcast's mix
+    sizes = [sum(1 for j in range(6) if j != i and overlap[i][j] >= threshold) for i in range(6)]
+    assert 0 < sum(sizes) < 30  # some collaborate, not everyone with everyone
