@@ -233,3 +233,48 @@ def test_fedcac_mixes_each_clients_critical_parameters_from_its_collaborators_on
             torch.testing.assert_close(sim.clients[k][i], mask * custom + (1 - mask) * glob)  # the broadcast's mix
     sizes = [sum(1 for j in range(6) if j != i and overlap[i][j] >= threshold) for i in range(6)]
     assert 0 < sum(sizes) < 30  # some collaborate, not everyone with everyone
+
+
+def test_fedpcl_contrasts_features_with_global_and_every_clients_prototypes():
+    sim = sim_for("fedpcl", 0, join_ratio="1", dtype="float64", partition="pat:2")
+    m, body = sim.method, sim.method.net.keys(("body.",))
+    before = {k: sim.clients[k].clone() for k in body}
+    sim.step()  # no prototypes yet: round 1 trains nothing, and only collects them
+    assert all(torch.equal(sim.clients[k], before[k]) for k in body)
+    local, holds = torch.zeros(6, 10, m.net.feature_dim, dtype=torch.float64), torch.zeros(6, 10, dtype=torch.bool)
+    for i in range(6):
+        x, y = sim.data.train.client(i)
+        z = F.normalize(m.net.features(client(sim, i), sim.data.decode(x)), dim=1)
+        for c in y.unique():
+            local[i, c], holds[i, c] = z[y == c].mean(0), True
+    glob = (local * holds[..., None]).sum(0) / holds.sum(0)[:, None]
+    torch.testing.assert_close(sim.server["pcl.global"], glob)
+    padded = torch.where(holds[..., None], local, glob)  # a class a client lacks: the global prototype
+    torch.testing.assert_close(sim.server["pcl.clients"], padded)
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    z = F.normalize(m.net.features(state, x), dim=1)
+    tau = m.hp.tau
+    expected = F.cross_entropy(z @ glob.T / tau, y) + sum(F.cross_entropy(z @ padded[j].T / tau, y) for j in range(6)) / 6
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
+    assert m.logits(state, sim.server, x).argmax(1).tolist() == (z @ padded[0].T).argmax(1).tolist()  # its own prototypes predict
+    (phase,) = m.phases()
+    assert phase.clip == 10.0 and phase.trains == ("body.",)
+
+
+def test_a_phase_clips_each_clients_gradient_as_clip_grad_norm():
+    sim = sim_for("fedpcl", 1, dtype="float64")
+    m, state, (x, y) = sim.method, client(sim, 0), batch(sim, 0)
+    (phase,) = m.phases()
+    params = {k: state[k] for k in m.net.keys(("body.",))}
+    rest = {k: v for k, v in state.items() if k not in params}
+    clipped, _ = sim.executor._step_loss(phase)(params, rest, sim.server, x, y)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    m.loss({**rest, **leaves}, sim.server, x, y).backward()
+    raw = torch.sqrt(sum((v.grad**2).sum() for v in leaves.values()))
+    torch.nn.utils.clip_grad_norm_(list(leaves.values()), 10.0)
+    for k in params:  # torch's own clip_grad_norm_ (at 10: whichever side of it this gradient falls)
+        torch.testing.assert_close(clipped[k], leaves[k].grad)
+    from dataclasses import replace
+
+    tight, _ = sim.executor._step_loss(replace(phase, clip=float(raw) / 4))(params, rest, sim.server, x, y)
+    assert torch.sqrt(sum((v**2).sum() for v in tight.values())) == pytest.approx(float(raw) / 4, rel=1e-6)  # a norm over the limit is cut to it

@@ -110,7 +110,16 @@ class Executor:
         def f(params: State, rest: State, server: State, x, y):
             return loss({**rest, **params}, server, x, y)
 
-        return grad_and_value(f)
+        if phase.clip is None:
+            return grad_and_value(f)
+
+        def clipped(params: State, rest: State, server: State, x, y):  # one client's gradient, as clip_grad_norm_ scales it
+            g, value = grad_and_value(f)(params, rest, server, x, y)
+            norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
+            scale = torch.clamp(phase.clip / (norm + 1e-6), max=1.0)
+            return {k: v * scale for k, v in g.items()}, value
+
+        return clipped
 
     def step(self, phase: Phase, trains: list[str], at: Round) -> EagerStep | CompiledStep:
         """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
