@@ -58,6 +58,8 @@ class APFLHparams:
 class APFL(Method):
     name = "apfl"
     title = "APFL"
+    paper = "Deng et al., 2020"
+    source = "the paper; MLOPTPSU/FedTorch (mix: outputs)"
     Hparams = APFLHparams
     shared = (GLOBAL,)
     passes = Passes(end_local=True)  # α_i projected to [0, 1]

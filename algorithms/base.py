@@ -227,6 +227,8 @@ class Method:
 
     name: ClassVar[str]
     title: ClassVar[str]  # its printed name, as the papers' tables write it (default: its name)
+    paper: ClassVar[str] = ""  # where it was published ("Zhang et al., ICCV 2023"), for `tuner methods`
+    source: ClassVar[str] = ""  # the code or text this form follows ("PFLlib clientgpfl.py"); its docstring says where they differ
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     passes: ClassVar[Passes] = Passes()

@@ -29,6 +29,8 @@ class DittoHparams:
 class Ditto(Method):
     name = "ditto"
     title = "Ditto"
+    paper = "Li et al., ICML 2021"
+    source = "litian96/ditto"
     Hparams = DittoHparams
     shared = (GLOBAL,)
 

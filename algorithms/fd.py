@@ -34,6 +34,8 @@ class FDHparams:
 class FD(Method):
     name = "fd"
     title = "FD"
+    paper = "Jeong et al., 2018"
+    source = "PFLlib clientfd.py"
     Hparams = FDHparams
     shared = ()
     passes = Passes(statistics_after=True, end_local=True)  # class averages of the trained model's logits

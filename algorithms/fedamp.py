@@ -31,6 +31,8 @@ class FedAMPHparams:
 class FedAMP(Method):
     name = "fedamp"
     title = "FedAMP"
+    paper = "Huang et al., AAAI 2021"
+    source = "the paper; PFLlib clientamp.py"
     Hparams = FedAMPHparams
     shared = ()
 

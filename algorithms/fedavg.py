@@ -11,3 +11,5 @@ from algorithms.base import Method
 class FedAvg(Method):
     name = "fedavg"
     title = "FedAvg"
+    paper = "McMahan et al., AISTATS 2017"
+    source = "PFLlib serveravg.py"

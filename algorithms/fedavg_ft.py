@@ -23,6 +23,8 @@ class FedAvgFTHparams:
 class FedAvgFT(Method):
     name = "fedavg_ft"
     title = "FedAvg-FT"
+    paper = "FedPAC's FedAvg-FT baseline (Xu et al., ICLR 2023)"
+    source = "JianXu95/FedPAC"
     Hparams = FedAvgFTHparams
 
     def eval_phases(self):

@@ -21,6 +21,8 @@ class FedBABUHparams:
 class FedBABU(Method):
     name = "fedbabu"
     title = "FedBABU"
+    paper = "Oh et al., ICLR 2022"
+    source = "PFLlib clientbabu.py"
     Hparams = FedBABUHparams
     shared = ("body.",)
 

@@ -19,6 +19,8 @@ from algorithms.base import Method, Unsupported
 class FedBN(Method):
     name = "fedbn"
     title = "FedBN"
+    paper = "Li et al., ICLR 2021"
+    source = "the paper's Algorithm 1"
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

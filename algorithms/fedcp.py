@@ -53,6 +53,8 @@ class FedCPHparams:
 class FedCP(Method):
     name = "fedcp"
     title = "FedCP"
+    paper = "Zhang et al., KDD 2023"
+    source = "the paper"
     Hparams = FedCPHparams
     shared = ("body.", "head.", "cpn.")
     passes = Passes(begin_local=True)  # v_i from the personal head
@@ -136,6 +138,8 @@ class FedCPGumbel(FedCP):
 
     name = "fedcp-gumbel"
     title = "FedCP-Gumbel"
+    paper = "Zhang et al., KDD 2023"
+    source = "PFLlib clientcp.py"
     family = "fedcp"
     draws = True  # fresh Gumbel noise every step and every evaluated batch
 

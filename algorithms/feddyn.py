@@ -32,6 +32,8 @@ class FedDynHparams:
 class FedDyn(Method):
     name = "feddyn"
     title = "FedDyn"
+    paper = "Acar et al., ICLR 2021"
+    source = "the paper's Algorithm 1; PFLlib clientdyn.py"
     Hparams = FedDynHparams
     passes = Passes(end_local=True)
 

@@ -39,6 +39,8 @@ class FedEMHparams:
 class FedEM(Method):
     name = "fedem"
     title = "FedEM"
+    paper = "Marfoq et al., NeurIPS 2021"
+    source = "omarfoq/FedEM"
     Hparams = FedEMHparams
     shared = (MODELS,)
     passes = Passes(statistics_before=True, begin_local=True)  # the E-step

@@ -43,6 +43,8 @@ class FedFomoHparams:
 class FedFomo(Method):
     name = "fedfomo"
     title = "FedFomo"
+    paper = "Zhang et al., ICLR 2021"
+    source = "PFLlib clientfomo.py"
     Hparams = FedFomoHparams
     shared = ()
     passes = Passes(statistics_before=True, begin_local=True)  # validation losses of θ_i^old and of each candidate

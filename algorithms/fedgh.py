@@ -36,6 +36,8 @@ class FedGHHparams:
 class FedGH(Method):
     name = "fedgh"
     title = "FedGH"
+    paper = "Yi et al., ACM MM 2023"
+    source = "PFLlib clientgh.py"
     Hparams = FedGHHparams
     shared = ("head.",)
     passes = Passes(statistics_after=True, end_local=True)  # class prototypes of the trained body

@@ -35,6 +35,8 @@ class FedLCHparams:
 class FedLC(Method):
     name = "fedlc"
     title = "FedLC"
+    paper = "Zhang et al., ICML 2022"
+    source = "FL-bench fedlc.py"
     Hparams = FedLCHparams
     passes = Passes(statistics_before=True, begin_local=True)
 

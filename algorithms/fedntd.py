@@ -39,6 +39,8 @@ def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, t
 class FedNTD(Method):
     name = "fedntd"
     title = "FedNTD"
+    paper = "Lee et al., NeurIPS 2022"
+    source = "Lee-Gihun/FedNTD"
     Hparams = FedNTDHparams
 
     def loss(self, state, server, x, y):

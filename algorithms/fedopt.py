@@ -29,6 +29,8 @@ class FedOptHparams:
 class FedAdam(Method):
     name = "fedadam"
     title = "FedAdam"
+    paper = "Reddi et al., ICLR 2021"
+    source = "the paper's Algorithm 2"
     Hparams = FedOptHparams
 
     def server_optimizer(self):
@@ -38,6 +40,8 @@ class FedAdam(Method):
 class FedYogi(FedAdam):
     name = "fedyogi"
     title = "FedYogi"
+    paper = "Reddi et al., ICLR 2021"
+    source = "the paper's Algorithm 2"
 
     def server_optimizer(self):
         return Yogi(self.hp.server_lr, self.hp.beta1, self.hp.beta2, self.hp.tau)

@@ -85,6 +85,8 @@ class SimplexQPs:
 class FedPAC(Method):
     name = "fedpac"
     title = "FedPAC"
+    paper = "Xu et al., ICLR 2023"
+    source = "the paper"
     Hparams = FedPACHparams
     shared = ("body.",)
     # statistics μ_i, V_i with the received extractor before training, centroids ĉ_i with the trained one after
@@ -200,6 +202,8 @@ class FedPACOfficial(FedPAC):
 
     name = "fedpac-official"
     title = "FedPAC-official"
+    paper = "Xu et al., ICLR 2023"
+    source = "JianXu95/FedPAC"
     family = "fedpac"
 
     def _settled(self, alpha):
@@ -212,6 +216,8 @@ class FedPACPfllib(FedPAC):
 
     name = "fedpac-pfllib"
     title = "FedPAC-PFLlib"
+    paper = "Xu et al., ICLR 2023"
+    source = "PFLlib clientpac.py"
     family = "fedpac"
 
     def _settled(self, alpha):

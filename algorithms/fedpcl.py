@@ -38,6 +38,8 @@ class FedPCLHparams:
 class FedPCL(Method):
     name = "fedpcl"
     title = "FedPCL"
+    paper = "Tan et al., NeurIPS 2022"
+    source = "PFLlib clientpcl.py"
     Hparams = FedPCLHparams
     shared = ()
     passes = Passes(statistics_after=True, end_local=True)  # local prototypes of the trained body

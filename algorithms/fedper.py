@@ -12,4 +12,6 @@ from algorithms.base import Method
 class FedPer(Method):
     name = "fedper"
     title = "FedPer"
+    paper = "Arivazhagan et al., 2019"
+    source = "PFLlib clientper.py"
     shared = ("body.",)

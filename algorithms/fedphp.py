@@ -40,6 +40,8 @@ class FedPHPHparams:
 class FedPHP(Method):
     name = "fedphp"
     title = "FedPHP"
+    paper = "Li et al., ECML-PKDD 2021"
+    source = "the paper; FedRepo fedphp.py"
     Hparams = FedPHPHparams
     passes = Passes(end_local=True)  # inheritance
 
@@ -69,6 +71,8 @@ class FedPHPPfllib(FedPHP):
 
     name = "fedphp-pfllib"
     title = "FedPHP-PFLlib"
+    paper = "Li et al., ECML-PKDD 2021"
+    source = "PFLlib clientphp.py (up to Nov 2024)"
     family = "fedphp"
     passes = Passes()
     end_local = Method.end_local  # no inheritance step after training

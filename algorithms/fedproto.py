@@ -28,6 +28,8 @@ class FedProtoHparams:
 class FedProto(Method):
     name = "fedproto"
     title = "FedProto"
+    paper = "Tan et al., AAAI 2022"
+    source = "PFLlib clientproto.py"
     Hparams = FedProtoHparams
     shared = ()
     passes = Passes(statistics_after=True, end_local=True)  # class means of the trained features

@@ -20,6 +20,8 @@ class FedProxHparams:
 class FedProx(Method):
     name = "fedprox"
     title = "FedProx"
+    paper = "Li et al., MLSys 2020"
+    source = "PFLlib clientprox.py"
     Hparams = FedProxHparams
 
     def loss(self, state, server, x, y):

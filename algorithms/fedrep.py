@@ -19,6 +19,8 @@ class FedRepHparams:
 class FedRep(Method):
     name = "fedrep"
     title = "FedRep"
+    paper = "Collins et al., ICML 2021"
+    source = "PFLlib clientrep.py"
     Hparams = FedRepHparams
     shared = ("body.",)
 

@@ -19,6 +19,8 @@ PRIOR = "rod.log_prior"
 class FedRoD(Method):
     name = "fedrod"
     title = "FedRoD"
+    paper = "Chen & Chao, ICLR 2022"
+    source = "PFLlib clientrod.py"
     shared = ("body.", "head.")
     passes = Passes(statistics_before=True, begin_local=True)  # the client's label counts
 

@@ -37,6 +37,8 @@ def kl(teacher_logits, student_logits):
 class FML(Method):
     name = "fml"
     title = "FML"
+    paper = "Shen et al., 2020"
+    source = "the paper; PFLlib clientfml.py"
     Hparams = FMLHparams
     shared = (MEME,)
 

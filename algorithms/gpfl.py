@@ -64,6 +64,8 @@ class ConditionalValve(nn.Module):
 class GPFL(Method):
     name = "gpfl"
     title = "GPFL"
+    paper = "Zhang et al., ICCV 2023"
+    source = "the paper"
     Hparams = GPFLHparams
     shared = ("body.", "cov.", "gce.")
     passes = Passes(statistics_before=True, begin_local=True)  # label frequencies α_i (eq. 6)
@@ -139,6 +141,8 @@ class GPFLPfllib(GPFL):
 
     name = "gpfl-pfllib"
     title = "GPFL-PFLlib"
+    paper = "Zhang et al., ICCV 2023"
+    source = "PFLlib clientgpfl.py"
     family = "gpfl"
 
     def init_client(self, model):

@@ -29,6 +29,8 @@ class HypClusterHparams:
 class HypCluster(Method):
     name = "hypcluster"
     title = "HypCluster"
+    paper = "Mansour et al., 2020"
+    source = "the paper, as FedPAC's baseline"
     Hparams = HypClusterHparams
     shared = ()
     passes = Passes(statistics_before=True, begin_local=True)  # every cluster model's loss on the client's data

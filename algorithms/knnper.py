@@ -54,6 +54,8 @@ class KNNPerHparams:
 class KNNPer(Method):
     name = "knn-per"
     title = "kNN-Per"
+    paper = "Marfoq et al., ICML 2022"
+    source = "the paper; omarfoq/knn-per"
     Hparams = KNNPerHparams
     passes = Passes(memory=True)  # the datastore; training is FedAvg's
 

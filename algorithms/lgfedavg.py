@@ -11,4 +11,6 @@ from algorithms.base import Method
 class LGFedAvg(Method):
     name = "lg-fedavg"
     title = "LG-FedAvg"
+    paper = "Liang et al., 2020"
+    source = "PFLlib clientlg.py"
     shared = ("head.",)

@@ -10,5 +10,7 @@ from algorithms.base import Method, Passes
 class Local(Method):
     name = "local"
     title = "Local-only"
+    paper = "the tables' Local-only baseline"
+    source = "PFLlib serverlocal.py"
     shared = ()
     passes = Passes(upload=False)

@@ -32,6 +32,8 @@ class MOONHparams:
 class MOON(Method):
     name = "moon"
     title = "MOON"
+    paper = "Li et al., CVPR 2021"
+    source = "PFLlib clientmoon.py"
     Hparams = MOONHparams
     passes = Passes(end_local=True)
 

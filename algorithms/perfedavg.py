@@ -36,6 +36,8 @@ class PerFedAvgHparams:
 class PerFedAvg(Method):
     name = "per-fedavg"
     title = "Per-FedAvg"
+    paper = "Fallah et al., NeurIPS 2020"
+    source = "PFLlib clientperavg.py"
     Hparams = PerFedAvgHparams
 
     def phases(self):

@@ -59,6 +59,8 @@ class Hypernetwork(nn.Module):
 class PFedHN(Method):
     name = "pfedhn"
     title = "pFedHN"
+    paper = "Shamsian et al., ICML 2021"
+    source = "AvivSham/pFedHN"
     Hparams = PFedHNHparams
     shared = ()
     serial = True  # Algorithm 1: a hypernetwork step after every client

@@ -48,6 +48,8 @@ class PFedMeHparams:
 class PFedMe(Method):
     name = "pfedme"
     title = "pFedMe"
+    paper = "Dinh et al., NeurIPS 2020"
+    source = "the paper (θ_i predicts)"
     Hparams = PFedMeHparams
     passes = Passes(begin_local=True)  # θ_i starts from the received model
     theta_decay = 0.0  # the paper's eq. 7 has no decay on θ
@@ -97,6 +99,8 @@ class PFedMeOfficial(PFedMe):
 
     name = "pfedme-official"
     title = "pFedMe-official"
+    paper = "Dinh et al., NeurIPS 2020"
+    source = "CharlieDinh/pFedMe; PFLlib before May 2023"
     family = "pfedme"
     passes = Passes(begin_local=True, end_local=True)
     theta_decay = 0.001  # pFedMeOptimizer's mu

@@ -30,6 +30,8 @@ class PFLDAHparams:
 class PFLDA(Method):
     name = "pflda"
     title = "PFL-DA"
+    paper = "Zhang et al., Technometrics 2023"
+    source = "PFLlib clientda.py"
     Hparams = PFLDAHparams
     shared = (GLOBAL_HEAD,)
 

@@ -26,6 +26,8 @@ C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
 class SCAFFOLD(Method):
     name = "scaffold"
     title = "SCAFFOLD"
+    paper = "Karimireddy et al., ICML 2020"
+    source = "the paper (option II); PFLlib clientscaffold.py"
     shared = ("body.", "head.")
     passes = Passes(end_local=True)
 

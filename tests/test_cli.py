@@ -89,6 +89,18 @@ def test_methods_lists_every_variant_with_its_hyperparameters():
     assert "combine=qp" in res.output and "lam=0.01" in res.output
 
 
+def test_methods_names_each_methods_paper_and_the_code_it_follows():
+    from algorithms import METHODS
+
+    missing = [name for name, cls in METHODS.items() if not (cls.paper and cls.source)]
+    assert not missing
+    res = runner.invoke(app, ["methods"], env={"COLUMNS": "300"})
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:]] for line in res.output.splitlines() if line.startswith("│")}
+    assert rows["gpfl-pfllib"][1:3] == ["Zhang et al., ICCV 2023", "PFLlib clientgpfl.py"]
+    assert rows["fedcac"][1:3] == ["Wu et al., ICCV 2023", "PFLlib clientcac.py; the authors' configs"]
+    assert rows["gpfl-nocov"][1] == "Zhang et al., ICCV 2023"  # a variant: its family's paper
+
+
 @pytest.mark.slow
 def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path, spawn):
     import signal

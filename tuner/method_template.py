@@ -40,6 +40,8 @@ State = dict[str, torch.Tensor]
 class {cls}(Method):
     name = "{name}"  # how runs, spaces and tables call it
     title = "{title}"  # how tables print it
+    paper = ""  # where it is published ("Author et al., VENUE YEAR"): `tuner methods` lists it
+    source = ""  # the code or text this form follows
     shared = ("body.", "head.")  # prefixes of the tensors the server holds and clients upload
     passes = Passes()  # optional hooks it takes, e.g. Passes(begin_local=True) to define begin_local
 
