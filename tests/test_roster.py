@@ -278,3 +278,21 @@ def test_a_phase_clips_each_clients_gradient_as_clip_grad_norm():
 
     tight, _ = sim.executor._step_loss(replace(phase, clip=float(raw) / 4))(params, rest, sim.server, x, y)
     assert torch.sqrt(sum((v**2).sum() for v in tight.values())) == pytest.approx(float(raw) / 4, rel=1e-6)  # a norm over the limit is cut to it
+
+
+def test_fedmtl_ties_each_model_to_the_others_through_the_relationship_regularizer():
+    sim = sim_for("fedmtl", 1, join_ratio="0.5", dtype="float64", hparams={"lam": 0.01})
+    m, keys = sim.method, sim.method.net.param_keys
+    for k in keys:  # the server keeps every client's latest model; each client gets the sum of the others'
+        torch.testing.assert_close(sim.server["mtl.models." + k], sim.clients[k])
+        for i in range(6):
+            torch.testing.assert_close(sim.clients["mtl.others." + k][i], sim.clients[k].sum(0) - sim.clients[k][i])
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    params = {k: state[k] for k in keys}
+    g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))(params)
+    ce = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x), y))(params)
+    omega = 1 - 1 / 6
+    for k in keys:  # λ ∂(‖w_i‖² + ω²‖w_i + S_i‖²)
+        torch.testing.assert_close(g[k], ce[k] + 0.01 * (2 * state[k] + 2 * omega**2 * (state[k] + state["mtl.others." + k])))
+    size = sum(v.numel() for v in m.net.initial_state().values())
+    assert m.pfllib_scale == 10.0 ** -(len(str(size)) + 1)  # PFLlib's default weight, 10^-(digits of D + 1)
