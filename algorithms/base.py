@@ -192,6 +192,7 @@ class Training:
     rounds: int = 1  # the run's communication rounds
     participation: float = 1.0  # the mean share of clients that train in a round (ρ)
     seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
+    class_counts: tuple[int, ...] = ()  # the federation's training samples per class, as PFLlib's servers read them at start (FedGen's label draws)
 
 
 @dataclass

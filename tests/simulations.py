@@ -23,7 +23,9 @@ def tiny_batchnorm(input_shape, num_classes):
     return Backbone(body, nn.Sequential(nn.BatchNorm1d(width), nn.Linear(width, num_classes)), width)
 
 
-NEEDS = {"fedbn": {"backbone": "tiny_batchnorm"}}  # what a method needs to be more than FedAvg (FedBN: batch norm)
+# What a method needs in the tests' small runs: FedBN batch norm to be more than FedAvg; FedGen fewer generator
+# steps than its 1000 a round (each test that reads them says so)
+NEEDS = {"fedbn": {"backbone": "tiny_batchnorm"}, "fedgen": {"hparams": {"server_epochs": 20}}}
 
 
 def digits(method: str, **kw) -> RunConfig:

@@ -296,3 +296,41 @@ def test_fedmtl_ties_each_model_to_the_others_through_the_relationship_regulariz
         torch.testing.assert_close(g[k], ce[k] + 0.01 * (2 * state[k] + 2 * omega**2 * (state[k] + state["mtl.others." + k])))
     size = sum(v.numel() for v in m.net.initial_state().values())
     assert m.pfllib_scale == 10.0 ** -(len(str(size)) + 1)  # PFLlib's default weight, 10^-(digits of D + 1)
+
+
+def test_fedgen_trains_the_generator_on_the_uploaded_heads_and_distils_it_into_the_clients():
+    from algorithms.common import DRAW_KEY
+
+    sim = sim_for("fedgen", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"server_epochs": 4})
+    m, keys = sim.method, sim.method.net.param_keys
+    counts = torch.bincount(sim.data.train.y, minlength=10).double()
+    gen0 = {k: v.clone() for k, v in sim.server.items() if k.startswith("gen.")}
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    key = torch.tensor(12345)
+    z, labels = m.generate(sim.server, key, 4000)
+    freq = torch.bincount(labels, minlength=10).double() / 4000
+    assert (freq - counts / counts.sum()).abs().max() < 0.03  # ỹ by the federation's label frequencies
+    z, labels = m.generate(sim.server, key, m.training.batch_size)
+    expected = F.cross_entropy(m.net.logits(state, x), y) + F.cross_entropy(m.net.head(state, z), labels)
+    torch.testing.assert_close(m.loss({**state, DRAW_KEY: key}, sim.server, x, y), expected)
+    # the server: Adam (torch's, bias-corrected) on CE of the weighted ensemble of the uploaded heads, then FedAvg
+    seen = []
+    aggregate = m.aggregate
+    m.aggregate = lambda server, up, at: (seen.append({k: v.clone() for k, v in up.items()}), aggregate(server, up, at))[1]
+    sim.step()
+    uploads = [{k: v[i] for k, v in seen[0].items()} for i in range(6)]
+    n = torch.tensor(sim.data.train.counts, dtype=torch.float64)
+    w = n / n.sum()
+    gen = {k: v.clone().requires_grad_(True) for k, v in gen0.items()}
+    adam = torch.optim.Adam(gen.values(), lr=m.hp.generator_lr)
+    for t in range(4):
+        zt, lt = m.generate(gen, torch.tensor((1 * 10_007 + t) % 2**32), m.training.batch_size)  # seed 0, round 1, step t
+        logits = sum(w[i] * m.net.head({k: uploads[i][k] for k in keys if k.startswith("head.")}, zt) for i in range(6))
+        adam.zero_grad()
+        F.cross_entropy(logits, lt).backward()
+        adam.step()
+    for k in gen:
+        torch.testing.assert_close(sim.server[k], gen[k].detach())
+    assert not torch.allclose(sim.server["gen.fc.weight"], gen0["gen.fc.weight"])  # (fc1's bias has no gradient: batch norm follows it)
+    for k in keys:
+        torch.testing.assert_close(sim.server[k], sum(w[i] * uploads[i][k] for i in range(6)))
