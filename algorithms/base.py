@@ -236,6 +236,7 @@ class Method:
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
+    carried: ClassVar[tuple[str, ...]] = ()  # client tensors the loss updates in place each step, as batch norm its running statistics (FedDBE)
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 
@@ -260,6 +261,11 @@ class Method:
         shared = {k: v.clone() for k, v in self.init_client(model).items() if self.is_shared(k)}
         optimizer = self.server_optimizer()
         return shared if optimizer is None else {**shared, **prefixed_state(optimizer.init(shared))}
+
+    def updated_in_place(self, key: str) -> bool:
+        """Tensors a training step's forward writes (batch norm's statistics, the method's `carried`): the engine hands
+        each step a copy and keeps what it wrote."""
+        return self.net.is_buffer(key) or key.startswith(self.carried)
 
     def is_shared(self, key: str) -> bool:
         """Shared: under a shared prefix, BatchNorm statistics excepted (they stay with each client)."""

@@ -2,7 +2,7 @@
 eager reference in float64, each program compiled once in a run. Compiling costs seconds a program
 on this CPU, so the methods here are the ones that exercise what a step can hold: two phases with
 momentum and weight decay (FedPAC), keyed noise (FedCP-Gumbel), BatchNorm statistics, and the
-sequential executor's per-client program."""
+sequential executor's per-client program, and what a forward carries from step to step (FedDBE)."""
 
 import pytest
 import torch
@@ -74,3 +74,12 @@ def test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_number
     assert_equal_states(eager, sim)
     assert rows[-1]["train_loss"] == pytest.approx(eager_rows[-1]["train_loss"], rel=1e-9)
     assert rows[-1]["acc"] == eager_rows[-1]["acc"] and set(sim.executor.summing) == {"logits"}  # evaluation is compiled too
+
+
+def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
+    # FedDBE's running mean of features, written by each step's forward (Method.carried), as batch norm's statistics
+    hp = {"hparams": {"rho": 0.5}}
+    eager, _ = run_rounds(exact_config("feddbe", executor="sequential", **hp), 2)
+    compiled, _, _ = compiled_run(exact_config("feddbe", executor="vectorized", engine="compiled", **hp), 2)
+    assert_equal_states(eager, compiled)
+    assert compiled.clients["dbe.running"].abs().sum() > 0

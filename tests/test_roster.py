@@ -334,3 +334,39 @@ def test_fedgen_trains_the_generator_on_the_uploaded_heads_and_distils_it_into_t
     assert not torch.allclose(sim.server["gen.fc.weight"], gen0["gen.fc.weight"])  # (fc1's bias has no gradient: batch norm follows it)
     for k in keys:
         torch.testing.assert_close(sim.server[k], sum(w[i] * uploads[i][k] for i in range(6)))
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_feddbe_carries_the_running_mean_of_features_from_step_to_step(executor):
+    # lr 1e-200: the model stays where it is (float64 cannot hold such a step), so each step's batch mean is known from the batch schedule
+    from tuner.draws import batch_schedule
+
+    sim = sim_for("feddbe", 0, join_ratio="1", dtype="float64", lr=1e-200, executor=executor, hparams={"rho": 0.3})
+    m, rho = sim.method, 0.3
+    sim.step()
+    n = torch.tensor(sim.data.train.counts, dtype=torch.float64)
+    runnings = []
+    for i in range(6):
+        x, _ = sim.data.train.client(i)
+        f = m.net.features(client(sim, i), sim.data.decode(x))
+        running = torch.zeros(m.net.feature_dim, dtype=torch.float64)
+        for rows in batch_schedule(0, 1, 0, i, len(x), m.training.batch_size, 1):  # seed 0, round 1, phase 0
+            running = (1 - rho) * running + rho * f[rows].mean(0)
+        torch.testing.assert_close(sim.clients["dbe.running"][i], running)
+        runnings.append(running)
+    global_mean = sum(w * r for w, r in zip(n / n.sum(), runnings))
+    torch.testing.assert_close(sim.server["dbe.global_mean"], global_mean)  # m_g: round 1's running means, weighted
+    assert sim.server["dbe.ready"] == 1
+
+
+def test_feddbe_adds_its_bias_and_pulls_the_running_mean_to_the_global_one():
+    sim = sim_for("feddbe", 2, join_ratio="1", dtype="float64", hparams={"rho": 0.5})
+    m, state, (x, y) = sim.method, {k: v.clone() for k, v in client(sim, 0).items()}, batch(sim, 0)
+    assert state["dbe.bias"].abs().sum() > 0  # trained from round 2
+    before = state["dbe.running"].clone()
+    f = m.net.features(state, x)
+    running = 0.5 * before + 0.5 * f.mean(0)
+    expected = F.cross_entropy(m.net.head(state, f + state["dbe.bias"]), y) + 50.0 * (0.5 * (running - sim.server["dbe.global_mean"]) ** 2).mean()
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
+    torch.testing.assert_close(state["dbe.running"], running)  # the step's forward wrote it
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.head(state, f + state["dbe.bias"]))

@@ -323,7 +323,7 @@ class SequentialExecutor(Executor):
 
     def compile(self, grad, phase):
         """One program of one client's shapes, called client by client (no padding needed)."""
-        return self.one_by_one(compile_program(pure_step(grad, phase, self.method.net.is_buffer), self.data.train.y.device), server_at=3)
+        return self.one_by_one(compile_program(pure_step(grad, phase, self.method.updated_in_place), self.data.train.y.device), server_at=3)
 
     def compile_summing(self, fn):
         return self.one_by_one(compile_program(fn, self.data.train.y.device), server_at=1)
@@ -361,7 +361,7 @@ class VectorizedExecutor(Executor):
         return refusing_draws
 
     def compile(self, grad, phase):
-        program = pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.net.is_buffer)
+        program = pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place)
         return compile_program(program, self.data.train.y.device)
 
     def compile_summing(self, fn):

@@ -29,14 +29,14 @@ class EagerStep:
         return loss
 
 
-def pure_step(grad: Callable, phase: Phase, is_buffer: Callable[[str], bool]) -> Callable:
+def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> Callable:
     """A step of one client's tensors or a stack of them (grad mapped over it) that writes its new parameters,
     optimizer state and BatchNorm statistics into them and returns the loss; a row that is not `active` (a
     padded row of a compiled cohort) keeps what it had and adds 0 to the loss. Compiled, the writes land in
     the inputs' own memory: nothing is copied back after the program."""
 
     def step(params, opt_state, rest, server, x, y, active):
-        stats = {k: v.clone() for k, v in rest.items() if is_buffer(k)}  # the forward updates these in place
+        stats = {k: v.clone() for k, v in rest.items() if in_place(k)}  # the forward updates these in place
         g, loss = grad(params, {**rest, **stats}, server, x, y)
         new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
         phase.optimizer.step(new_params, g, new_opt)
