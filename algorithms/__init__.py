@@ -25,6 +25,7 @@ from algorithms.fedbabu import FedBABU
 from algorithms.fedfomo import FedFomo
 from algorithms.fedgen import FedGen
 from algorithms.fedgh import FedGH
+from algorithms.fedkd import FedKD
 from algorithms.fedlc import FedLC
 from algorithms.fedmtl import FedMTL
 from algorithms.fedntd import FedNTD
@@ -51,7 +52,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
-ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE]
+ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip

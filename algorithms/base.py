@@ -141,6 +141,7 @@ class Phase:
     steps: int | None = None  # at most this many minibatch steps (None: every batch of every epoch)
     batch: int | None = None  # samples drawn per step (None: the run's batch size)
     clip: float | None = None  # each step's gradient clipped to this norm first, as torch.nn.utils.clip_grad_norm_ (None: not clipped)
+    clip_groups: tuple[tuple[str, ...], ...] = ()  # prefix groups clipped each on its own (one clip_grad_norm_ per model); (): all together
 
     def step_count(self, samples: int, run_batch: int) -> int:
         """The steps a client with `samples` training samples takes: full batches only (the last partial
@@ -288,11 +289,11 @@ class Method:
         raise NotImplementedError
 
     def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None,
-            batch: int | None = None, clip: float | None = None) -> Phase:  # fmt: skip
+            batch: int | None = None, clip: float | None = None, clip_groups: tuple[tuple[str, ...], ...] = ()) -> Phase:  # fmt: skip
         """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay), loss, steps, batch, clip)
+        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay), loss, steps, batch, clip, clip_groups)
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]

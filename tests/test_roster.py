@@ -370,3 +370,68 @@ def test_feddbe_adds_its_bias_and_pulls_the_running_mean_to_the_global_one():
     torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
     torch.testing.assert_close(state["dbe.running"], running)  # the step's forward wrote it
     torch.testing.assert_close(m.logits(state, sim.server, x), m.net.head(state, f + state["dbe.bias"]))
+
+
+def _pfllib_decomposition(w, energy):
+    """PFLlib's decomposition (clientkd.py), restated in numpy: the weight as it arrives after np.linalg.svd and the cut."""
+    import numpy as np
+
+    w = w.numpy()
+    if not (w.shape[0] > 1 and w.ndim > 1):
+        return w
+    u, s, v = np.linalg.svd(w, full_matrices=False)
+    if u.ndim == 4:
+        u, s, v = np.transpose(u, (2, 3, 0, 1)), np.transpose(s, (2, 0, 1)), np.transpose(v, (2, 3, 0, 1))
+    if np.sum(np.square(s)) == 0:
+        return w
+    rank = 0
+    for n in range(len(s)):
+        if np.sum(np.square(s[:n])) > energy * np.sum(np.square(s)):
+            rank = n
+            break
+    u, s, v = u[:, :rank], s[:rank], v[:rank, :]
+    if u.ndim == 4:
+        u, s, v = np.transpose(u, (2, 3, 0, 1)), np.transpose(s, (1, 2, 0)), np.transpose(v, (2, 3, 0, 1))
+    return np.matmul(u * s[..., None, :], v)
+
+
+def test_fedkd_cuts_each_weight_to_the_singular_values_holding_its_energy_as_pfllib():
+    from algorithms.fedkd import truncated
+
+    gen = torch.Generator().manual_seed(0)
+    low = torch.randn(40, 3, generator=gen, dtype=torch.float64) @ torch.randn(3, 30, generator=gen, dtype=torch.float64)
+    cases = [torch.randn(40, 30, generator=gen, dtype=torch.float64), low + 0.01 * torch.randn(40, 30, generator=gen, dtype=torch.float64),
+             torch.randn(8, 4, 5, 5, generator=gen, dtype=torch.float64), torch.randn(30, generator=gen, dtype=torch.float64),
+             torch.randn(1, 30, generator=gen, dtype=torch.float64), torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64))]
+    for w in cases:
+        for energy in (0.5, 0.95, 0.98):
+            torch.testing.assert_close(truncated(w, energy), torch.from_numpy(_pfllib_decomposition(w, energy)))
+    assert torch.linalg.matrix_rank(truncated(cases[1], 0.95)) == 3  # a rank-3 matrix with noise: three values hold 95 %
+    assert not truncated(cases[5], 0.98).any()  # equal values: the share is passed only by the last, and nothing is kept (as PFLlib)
+
+
+def test_fedkd_distils_teacher_and_student_into_each_other_and_uploads_the_cut_student():
+    sim = sim_for("fedkd", 1, join_ratio="1", dtype="float64")
+    m, state, (x, y) = sim.method, client(sim, 0), batch(sim, 0)
+    state = {**state, **{k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.startswith(("body.", "head."))}}
+    f_t, f_s = m.net.features(state, x), m.net.features(state, x, "global.body.")
+    z_t, z_s = m.net.head(state, f_t), m.net.head(state, f_s, "global.head.")
+    ce_t, ce_s = F.cross_entropy(z_t, y), F.cross_entropy(z_s, y)
+    kl = lambda a, b: F.kl_div(a, b, reduction="sum") / a.numel()  # noqa: E731  PFLlib's KLDivLoss(): its default "mean", over every element
+    mse = torch.nn.MSELoss()
+    w_h = lambda f: f @ state["kd.W"].T  # noqa: E731
+    teacher = ce_t + kl(F.log_softmax(z_t, 1), F.softmax(z_s, 1)) / (ce_t + ce_s) + mse(f_t, w_h(f_s)) / (ce_t + ce_s)
+    student = ce_s + kl(F.log_softmax(z_s, 1), F.softmax(z_t, 1)) / (ce_t + ce_s) + mse(f_t, w_h(f_s)) / (ce_t + ce_s)
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), teacher + student)  # both backward passes reach every model
+    (phase,) = m.phases()
+    assert phase.clip == 10.0 and phase.clip_groups == (("body.", "head."), ("global.",), ("kd.W",))
+    energy = sim.server["kd.energy"]
+    assert float(energy) == pytest.approx(0.95 + 1 / 5 * 0.03)  # the next round's share (5 rounds)
+    up = m.upload(state, sim.server)
+    from algorithms.fedkd import truncated
+
+    for k, v in up.items():
+        torch.testing.assert_close(v, truncated(state[k], energy))
+    weight = "global." + m.net.keys(("body.",))[0]
+    assert torch.linalg.matrix_rank(up[weight]) < min(up[weight].shape)  # cut
+    assert torch.allclose(m.logits(state, sim.server, x), z_t)  # the teacher predicts

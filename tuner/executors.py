@@ -115,9 +115,13 @@ class Executor:
 
         def clipped(params: State, rest: State, server: State, x, y):  # one client's gradient, as clip_grad_norm_ scales it
             g, value = grad_and_value(f)(params, rest, server, x, y)
-            norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
-            scale = torch.clamp(phase.clip / (norm + 1e-6), max=1.0)
-            return {k: v * scale for k, v in g.items()}, value
+            out = {}
+            for group in phase.clip_groups or (tuple(g),):
+                part = {k: v for k, v in g.items() if k.startswith(group)}
+                norm = torch.sqrt(sum((v**2).sum() for v in part.values()))
+                scale = torch.clamp(phase.clip / (norm + 1e-6), max=1.0)
+                out |= {k: v * scale for k, v in part.items()}
+            return out, value
 
         return clipped
 
