@@ -23,6 +23,7 @@ from algorithms.feddbe import FedDBE
 from algorithms.feddyn import FedDyn
 from algorithms.fedbabu import FedBABU
 from algorithms.fedfomo import FedFomo
+from algorithms.fedgc import FedGC
 from algorithms.fedgen import FedGen
 from algorithms.fedgh import FedGH
 from algorithms.fedkd import FedKD
@@ -52,7 +53,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
-ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD]
+ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip

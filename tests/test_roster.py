@@ -435,3 +435,38 @@ def test_fedkd_distils_teacher_and_student_into_each_other_and_uploads_the_cut_s
     weight = "global." + m.net.keys(("body.",))[0]
     assert torch.linalg.matrix_rank(up[weight]) < min(up[weight].shape)  # cut
     assert torch.allclose(m.logits(state, sim.server, x), z_t)  # the teacher predicts
+
+
+def test_fedgc_corrects_the_heads_of_clients_without_a_class_away_from_its_embedding():
+    sim = sim_for("fedgc", 0, join_ratio="1", dtype="float64", partition="pat:2")
+    m = sim.method
+    seen = []
+    aggregate = m.aggregate
+    m.aggregate = lambda server, up, at: (seen.append({k: v.clone() for k, v in up.items()}), aggregate(server, up, at))[1]
+    sim.step()
+    up = seen[0]
+    holds = up["gc.holds"]
+    for i in range(6):
+        _, y = sim.data.train.client(i)
+        assert holds[i].nonzero().flatten().tolist() == y.unique().tolist()
+    # PFLlib's reg_train, restated with its loops and exponentials
+    heads = up["gc.head"].clone().requires_grad_(True)
+    centres = {c: torch.stack([up["gc.head"][i, c] for i in range(6) if holds[i, c]]).mean(0) for c in range(10) if holds[:, c].any()}
+    reg = 0
+    for i in range(6):
+        for c in holds[i].nonzero().flatten().tolist():
+            d1 = torch.exp(centres[c] @ centres[c])
+            d2 = sum(torch.exp(heads[j][holds[j] > 0] @ centres[c]).sum() for j in range(6) if not holds[j, c])
+            reg = reg - torch.log(d1 / (d1 + d2))
+    reg.backward()
+    expected = up["gc.head"] - m.training.lr * m.hp.lam * heads.grad
+    torch.testing.assert_close(sim.server["gc.heads"], expected)
+    assert (heads.grad.abs().sum((1, 2)) > 0).all()
+    for i in range(6):
+        torch.testing.assert_close(sim.clients["gc.head"][i], expected[i])  # each client takes its corrected head back
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    logits = m.logits(state, sim.server, x)
+    assert set(logits.argmax(1).tolist()) <= set(holds[0].nonzero().flatten().tolist())  # its own classes only
+    own = holds[0].nonzero().flatten()  # PFLlib's head of the client's classes, labels as positions among them
+    restricted = m.net.features(state, x) @ state["gc.head"][own].T
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(restricted, torch.searchsorted(own, y)))
