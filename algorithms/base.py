@@ -161,6 +161,7 @@ class Round:
     clients: torch.Tensor  # client ids (long)
     samples: torch.Tensor  # training samples n_i (the run's float type)
     steps: torch.Tensor  # local steps of this round's training phases, n_i // batch per epoch (float)
+    group: torch.Tensor | None = None  # every client id this call of a hook runs for (the round's cohort, in order; in broadcast every client), the same in each per-client call
 
     def client(self, i: int) -> Round:
         """The record as the cohort's i-th client sees it in a per-client hook."""
@@ -194,6 +195,7 @@ class Training:
     participation: float = 1.0  # the mean share of clients that train in a round (ρ)
     seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
     class_counts: tuple[int, ...] = ()  # the federation's training samples per class, as PFLlib's servers read them at start (FedGen's label draws)
+    participation_max: float = 1.0  # the largest share of clients in a round (join_ratio's upper end: FedCross's middleware count)
 
 
 @dataclass

@@ -470,3 +470,41 @@ def test_fedgc_corrects_the_heads_of_clients_without_a_class_away_from_its_embed
     own = holds[0].nonzero().flatten()  # PFLlib's head of the client's classes, labels as positions among them
     restricted = m.net.features(state, x) @ state["gc.head"][own].T
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(restricted, torch.searchsorted(own, y)))
+
+
+def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar():
+    sim = sim_for("fedcross", 0, join_ratio="1", dtype="float64", partition="pat:2")
+    m, keys = sim.method, sim.method.net.param_keys
+    seen = []
+    aggregate = m.aggregate
+    m.aggregate = lambda server, up, at: (seen.append(({k: v.clone() for k, v in up.items()}, m.positions(at))), aggregate(server, up, at))[1]
+    sim.step()
+    at = sim.at(2, list(range(6)))
+    slots = m.positions(at)
+    for i in range(6):  # round 2's clients each take the middleware of their place in the shuffle
+        took = m.begin_local(client(sim, i), sim.server, {}, at.client(i))
+        for k in keys:
+            torch.testing.assert_close(took[k], sim.server["cross.m." + k][slots[i]])
+    sim.step()  # round 2: the middleware models differ, so who trains which matters
+    up, slots = seen[1]
+    assert sorted(slots.tolist()) == list(range(6)) and slots.tolist() != list(range(6))  # a shuffle, one model each
+    assert seen[0][1].tolist() != slots.tolist()  # drawn anew each round
+    for i in range(6):  # each client's model is the middleware it trained
+        for k in keys:
+            torch.testing.assert_close(sim.clients[k][i], up[k][i])
+    trained = {k: torch.zeros_like(up[k]) for k in keys}
+    for i in range(6):
+        for k in keys:
+            trained[k][slots[i]] = up[k][i]
+    flat = lambda j, ks: torch.cat([trained[k][j].flatten() for k in ks])  # noqa: E731
+    pairs = [keys[i : i + 2] for i in range(0, len(keys), 2)]
+    sim_tab = [[0.0] * 6 for _ in range(6)]
+    for a in range(6):  # PFLlib's calculate_similarity: each consecutive pair of tensors, the last once more
+        for b in range(a):
+            s = sum(F.cosine_similarity(flat(a, p), flat(b, p), dim=0) for p in pairs + pairs[-1:])
+            sim_tab[a][b] = sim_tab[b][a] = s
+    for j in range(6):
+        others = [p for p in range(6) if p != j]
+        least = min(others, key=lambda p: sim_tab[j][p])
+        for k in keys:
+            torch.testing.assert_close(sim.server["cross.m." + k][j], 0.99 * trained[k][j] + 0.01 * trained[k][least])

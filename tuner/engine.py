@@ -74,7 +74,8 @@ class Simulation:
         counts = [self.data.train.counts[i] for i in ids]
         steps = [sum(p.step_count(c, self.method.training.batch_size) for p in self.method.phases()) for c in counts]
         as_float = lambda v: torch.tensor(v, dtype=float_type(self.clients), device=self.device)  # noqa: E731
-        return Round(number, self.method.training.rounds, torch.tensor(ids, device=self.device), as_float(counts), as_float(steps))
+        clients = torch.tensor(ids, device=self.device)
+        return Round(number, self.method.training.rounds, clients, as_float(counts), as_float(steps), group=clients)
 
     def _per_client(self, hook: Callable, name: str, states: State, at: Round, *args) -> State:
         """A per-client hook(state, server, *args, at_i) over the stack, each client getting its own Round."""
