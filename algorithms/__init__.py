@@ -14,6 +14,7 @@ from algorithms.optimizers import SGD, Adam, Yogi
 from algorithms.common import weighted_mean
 from algorithms.ditto import Ditto
 from algorithms.fedavg import FedAvg
+from algorithms.fedala import FedALA
 from algorithms.fedamp import FedAMP
 from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fd import FD
@@ -54,7 +55,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
-ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC, FedCross]
+ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC, FedCross, FedALA]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
 _ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip

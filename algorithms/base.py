@@ -142,11 +142,17 @@ class Phase:
     batch: int | None = None  # samples drawn per step (None: the run's batch size)
     clip: float | None = None  # each step's gradient clipped to this norm first, as torch.nn.utils.clip_grad_norm_ (None: not clipped)
     clip_groups: tuple[tuple[str, ...], ...] = ()  # prefix groups clipped each on its own (one clip_grad_norm_ per model); (): all together
+    share: float | None = None  # each epoch draws from this share of the client's samples only (FedALA's rand_percent); None: all
+    project: Callable[[State], State] | None = None  # applied to the trained tensors after each step, elementwise (FedALA's clamp to [0, 1])
+
+    def epoch_steps(self, samples: int, run_batch: int) -> int:
+        """Full batches of one epoch (the last partial batch is dropped, as PFLlib does)."""
+        usable = samples if self.share is None else int(self.share * samples)
+        return usable // (self.batch or run_batch)
 
     def step_count(self, samples: int, run_batch: int) -> int:
-        """The steps a client with `samples` training samples takes: full batches only (the last partial
-        batch is dropped, as PFLlib does), every epoch, up to `steps`."""
-        count = self.epochs * (samples // (self.batch or run_batch))
+        """The steps a client with `samples` training samples takes: every epoch's full batches, up to `steps`."""
+        count = self.epochs * self.epoch_steps(samples, run_batch)
         return count if self.steps is None else min(count, self.steps)
 
 
@@ -337,6 +343,11 @@ class Method:
 
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""
+        return []
+
+    def receive_phases(self) -> list[Phase]:
+        """Local training every client runs right after each broadcast, on its own training data, kept in its state
+        (FedALA's adaptive local aggregation): what it predicts with and what it trains from next."""
         return []
 
 

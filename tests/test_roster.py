@@ -508,3 +508,34 @@ def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar
         least = min(others, key=lambda p: sim_tab[j][p])
         for k in keys:
             torch.testing.assert_close(sim.server["cross.m." + k][j], 0.99 * trained[k][j] + 0.01 * trained[k][least])
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_it_receives(executor):
+    from tuner.draws import RECEIVE_STREAM, batch_schedule
+
+    sim = sim_for("fedala", 1, join_ratio="1", dtype="float64", executor=executor, hparams={"eta": 20.0})
+    m, higher = sim.method, sim.method.higher
+    assert higher == m.net.param_keys[-2:]
+    for k in m.net.param_keys:
+        if k not in higher:  # the lower layers: the global model's
+            assert all(torch.equal(v, sim.server[k]) for v in sim.clients[k])
+    for i in range(6):
+        state = client(sim, i)
+        x, y = sim.data.train.client(i)
+        w = {k: torch.ones_like(state[k]) for k in higher}  # round 1's weights start at 1
+        schedule = batch_schedule(0, 2, RECEIVE_STREAM, i, len(y), m.training.batch_size, 1)[: int(0.8 * len(y)) // m.training.batch_size]
+        for rows in schedule:  # the reference's update: W ← clip(W − η ∂L/∂θ_t ⊙ (θ_g − θ), 0, 1)
+            leaves = {k: (state[k] + (state["ala.g." + k] - state[k]) * w[k]).requires_grad_(True) for k in higher}
+            F.cross_entropy(m.net.logits({**state, **leaves}, sim.data.decode(x[rows])), y[rows]).backward()
+            w = {k: (w[k] - 20.0 * leaves[k].grad * (state["ala.g." + k] - state[k])).clamp(0, 1) for k in higher}
+        for k in higher:
+            torch.testing.assert_close(state["ala.w." + k], w[k])
+    learned = torch.cat([sim.clients["ala.w." + k].flatten() for k in higher])
+    assert ((learned == 0) | (learned == 1)).any() and ((learned > 0) & (learned < 1)).any()  # clipped, and learned
+    state, (x, _) = client(sim, 0), batch(sim, 0)
+    mixed = {k: state[k] + (state["ala.g." + k] - state[k]) * state["ala.w." + k] for k in higher}
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **mixed}, x))  # predicts with the aggregate
+    started = m.begin_local(state, sim.server, {}, None)
+    for k in higher:  # and trains from it
+        torch.testing.assert_close(started[k], mixed[k])

@@ -13,6 +13,7 @@ import torch
 FINE_TUNE_STREAM = 1000  # evaluation-time fine-tuning's phases, apart from training's
 STATISTICS_STREAM = 2000  # statistics passes: 2000 before local training, 2001 after
 TEST_STREAM, VAL_STREAM = 3000, 3001  # evaluation on each split
+RECEIVE_STREAM = 4000  # the phases a client runs on receiving the server's model (Method.receive_phases)
 
 
 def _mix(*ints: int) -> int:

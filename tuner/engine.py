@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from algorithms.base import Method, Round, State, hyperparameter_inputs
 from tuner.data.federated import FederatedData
-from tuner.draws import FINE_TUNE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
+from tuner.draws import FINE_TUNE_STREAM, RECEIVE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
 from tuner.errors import DivergedError
 from tuner.executors import EngineSettings, float_type, make_executor
 
@@ -90,6 +90,9 @@ class Simulation:
         """Clients `ids` take what they need from the server for the round they train next."""
         at = self.at(self.round + 1, ids)
         out = self._per_client(self.method.broadcast, "broadcast", {k: v[at.clients] for k, v in self.clients.items()}, at)
+        if self.method.receive_phases():  # every client that received trains on it at once (FedALA)
+            out = {**{k: v[at.clients] for k, v in self.clients.items()}, **{k: v.clone() for k, v in out.items()}}  # (broadcast may hand back expanded views)
+            self.executor.train(self.method.receive_phases(), out, self.server, at, RECEIVE_STREAM)
         for k, v in out.items():
             self.clients[k][at.clients] = v
 

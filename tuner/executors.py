@@ -33,6 +33,14 @@ EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
 
 
+def epochs_of(phase: Phase, schedule: torch.Tensor, samples: int, batch: int) -> torch.Tensor:
+    """A phase's rows of a client's batch schedule: each epoch's first `share` of batches, up to `steps`."""
+    if phase.share is not None:
+        per, keep = samples // batch, phase.epoch_steps(samples, batch)
+        schedule = torch.cat([schedule[e * per : e * per + keep] for e in range(phase.epochs)])
+    return schedule[: phase.steps]
+
+
 @dataclass
 class EngineSettings:
     """How the engine runs the method (the training settings themselves are the method's `Training`)."""
@@ -184,7 +192,7 @@ class Executor:
             keys = self._trainable(phase, cohort)
             batch = phase.batch or run_batch
             stream = stream_base + p_idx
-            scheds = [batch_schedule(s.seed, at.number, stream, i, train.counts[i], batch, phase.epochs)[: phase.steps] for i in ids]
+            scheds = [epochs_of(phase, batch_schedule(s.seed, at.number, stream, i, train.counts[i], batch, phase.epochs), train.counts[i], batch) for i in ids]
             draws = [augment_draws(augment_seed(s.seed, at.number, stream, i), *q.shape) for i, q in zip(ids, scheds)] if s.augment else None
             noise = [draw_keys(s.seed, at.number, stream, i, len(q)) for i, q in zip(ids, scheds)] if self.method.draws else None
 

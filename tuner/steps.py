@@ -18,7 +18,7 @@ class EagerStep:
     """The reference step: the active prefix of the chunk's tensors, updated in place."""
 
     def __init__(self, grad: Callable, phase: Phase):
-        self.grad, self.optimizer = grad, phase.optimizer
+        self.grad, self.optimizer, self.project = grad, phase.optimizer, phase.project
 
     def rows(self, active: int, total: int) -> int:
         return active
@@ -26,6 +26,9 @@ class EagerStep:
     def __call__(self, params: State, opt_state: State, rest: State, server: State, x, y, active: int) -> torch.Tensor:
         g, loss = self.grad(params, rest, server, x, y)
         self.optimizer.step(params, g, opt_state)
+        if self.project is not None:
+            for k, v in self.project(params).items():
+                params[k].copy_(v)
         return loss
 
 
@@ -40,6 +43,8 @@ def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> 
         g, loss = grad(params, {**rest, **stats}, server, x, y)
         new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
         phase.optimizer.step(new_params, g, new_opt)
+        if phase.project is not None:
+            new_params.update(phase.project(new_params))
         for new, old in ((new_params, params), (new_opt, opt_state), (stats, rest)):
             for k, v in new.items():
                 old[k].copy_(torch.where(active.view(active.shape + (1,) * (v.dim() - active.dim())), v, old[k]))
