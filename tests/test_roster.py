@@ -137,9 +137,12 @@ def test_fd_distills_toward_the_cohorts_class_average_logits():
     torch.testing.assert_close(sim.server["fd.global"], expected / holders[:, None])
     state, (x, y) = client(sim, 0), batch(sim, 0)
     out = m.net.logits(state, x)
-    soft = -(sim.server["fd.global"][y] * F.log_softmax(out, -1)).sum(-1).mean()  # raw logits as the soft target
+    soft = F.cross_entropy(out, F.softmax(sim.server["fd.global"][y], -1))  # the global logits' softmax as the soft target
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(out, y) + m.hp.lam * soft)
     assert soft.abs() > 1e-3
+    m.hp = type(m.hp)(lam=m.hp.lam, target="logits")  # PFLlib's: the raw logits, as its CrossEntropyLoss takes them
+    raw = F.cross_entropy(out, sim.server["fd.global"][y])
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(out, y) + m.hp.lam * raw)
     assert not any(k in sim.server for k in m.net.param_keys)  # no weights leave a client
 
 
