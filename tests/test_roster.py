@@ -542,3 +542,23 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
     started = m.begin_local(state, sim.server, {}, None)
     for k in higher:  # and trains from it
         torch.testing.assert_close(started[k], mixed[k])
+
+
+def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
+    import pathlib
+
+    import pandas as pd
+
+    from algorithms import METHODS
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "methods.md").read_text()
+    table = page[page.index("PFLlib's roster against its neighbours") :].split("\n\n")[2]
+    by_title = {cls.title: name for name, cls in METHODS.items()}
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    assert len(rows) == 19 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen"}
+    for title, *cells in rows:
+        name = by_title[title.strip()]
+        run = root / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
+        acc = pd.read_parquet(run / "metrics.parquet").set_index("round")["acc"] * 100
+        assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], title
