@@ -371,17 +371,22 @@ def test_fedavg_follows_pfllibs_own_curve_on_pfllibs_own_partition_within_2_poin
 
 def test_the_gpfl_comparison_with_pfllib_on_the_page_is_the_committed_curves():
     """docs/reproduction.md's GPFL-PFLlib table against PFLlib's runs is read from results/pfllib-compare, and
-    the comparison it states holds there: level at round 20, one side only from round 5 to 18."""
+    the comparison it states holds there: the mean of ours within 2 points (1.6 at most) of the mean of
+    PFLlib's full runs from round 4 to 20, and inside the range of PFLlib's own runs in rounds 1-3."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     pfllib = pd.read_csv(root / "results" / "pfllib-compare" / "pfllib.csv")
     gpfl = pfllib[pfllib["method"] == "gpfl"].pivot(index="round", columns="run", values="acc") * 100
-    ours = pd.read_parquet(root / "results" / "pfllib-compare" / "ours-gpfl-pfllib" / "metrics.parquet").set_index("round")["acc"] * 100
+    seeds = [pd.read_parquet(root / "results" / "pfllib-compare" / run / "metrics.parquet").set_index("round")["acc"] * 100
+             for run in ("ours-gpfl-pfllib", "ours-gpfl-pfllib-s1")]  # fmt: skip
+    theirs, ours = gpfl[[3, 4, 5]].mean(axis=1), (seeds[0] + seeds[1]) / 2
     page = (root / "docs" / "reproduction.md").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in page.splitlines() if line.strip().startswith(("| PFLlib, run", "| ours |"))}
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in page.splitlines() if line.strip().startswith(("| PFLlib, ", "| ours, "))}
     header = next(line for line in page.splitlines() if line.strip().startswith("| round | 1 | 2 |"))
     rounds = [int(r) for r in header.split("|")[2:-1]]
-    for label, curve in [("PFLlib, run 3", gpfl[3]), ("ours", ours)]:
-        assert [c.strip() for c in rows[label]] == [f"{curve[r]:.2f}" for r in rounds], label
-    assert abs(ours[20] - gpfl[3][20]) < 1.0 and all(ours[r] < gpfl[3][r] for r in range(5, 19))
+    curves = {f"PFLlib, run {r}": gpfl[r] for r in range(1, 6)} | {"PFLlib, mean of runs 3-5": theirs, "ours, seed 0": seeds[0], "ours, seed 1": seeds[1], "ours, mean": ours}
+    for label, curve in curves.items():
+        assert [c.strip() for c in rows[label]] == [f"{curve[r]:.2f}" if r in curve and pd.notna(curve[r]) else "" for r in rounds], label
+    assert max(abs(ours[r] - theirs[r]) for r in range(4, 21)) <= 1.6 + 1e-9
+    assert all(gpfl.loc[r].min() <= ours[r] <= gpfl.loc[r].max() for r in (1, 2, 3))
