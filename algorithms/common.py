@@ -41,6 +41,13 @@ def per_client(tensor: torch.Tensor, clients: int) -> torch.Tensor:
     return tensor.unsqueeze(0).repeat(clients, *[1] * tensor.dim()).clone()
 
 
+def class_sums(values: torch.Tensor, y: torch.Tensor, w: torch.Tensor, num_classes: int) -> State:
+    """Per-class sums of the rows of `values` and per-class counts over one batch (w: 0 for padding): the
+    statistics of class means (prototypes, class-average logits)."""
+    onehot = (y[:, None] == torch.arange(num_classes, device=y.device)).to(values.dtype) * w[:, None]
+    return {"sum": onehot.T @ values, "count": onehot.sum(0)}
+
+
 def label_counts(y: torch.Tensor, w: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Weighted count of each label in a batch (w: 0 for padding)."""
     return ((y[:, None] == torch.arange(num_classes, device=y.device)).to(w.dtype) * w[:, None]).sum(0)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Passes, Unsupported
+from algorithms.common import class_sums
 
 SUM, COUNT = "fd.sum", "fd.count"
 LOGITS, HAS = "fd.global", "fd.has"
@@ -65,9 +66,7 @@ class FD(Method):
         return F.cross_entropy(out, y) + self.hp.lam * soft.mean()
 
     def statistics(self, state, server, x, y, w):
-        out = self.net.logits(state, x)
-        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(out.dtype) * w[:, None]
-        return {"sum": onehot.T @ out, "count": onehot.sum(0)}
+        return class_sums(self.net.logits(state, x), y, w, self.training.num_classes)
 
     def end_local(self, client, server, stats, at):
         return {SUM: stats["sum"], COUNT: stats["count"]}

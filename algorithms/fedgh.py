@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.func import grad
 
 from algorithms.base import Method, Passes
-from algorithms.common import uniform
+from algorithms.common import class_sums, uniform
 
 SUM, COUNT = "gh.sum", "gh.count"
 
@@ -48,9 +48,7 @@ class FedGH(Method):
         return {**super().init_client(model), SUM: torch.zeros(c, k, device=device), COUNT: torch.zeros(c, device=device)}
 
     def statistics(self, state, server, x, y, w):
-        f = self.net.features(state, x)
-        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(f.dtype) * w[:, None]
-        return {"sum": onehot.T @ f, "count": onehot.sum(0)}
+        return class_sums(self.net.features(state, x), y, w, self.training.num_classes)
 
     def end_local(self, client, server, stats, at):
         return {SUM: stats["sum"], COUNT: stats["count"]}

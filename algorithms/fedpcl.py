@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Passes
+from algorithms.common import class_sums
 
 SUM, COUNT = "pcl.sum", "pcl.count"
 GLOBAL, HAS = "pcl.global", "pcl.has"  # G (C, K) and which classes it holds
@@ -74,9 +75,7 @@ class FedPCL(Method):
         return (terms * weight).mean()
 
     def statistics(self, state, server, x, y, w):
-        z = self._z(state, x)
-        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(z.dtype) * w[:, None]
-        return {"sum": onehot.T @ z, "count": onehot.sum(0)}
+        return class_sums(self._z(state, x), y, w, self.training.num_classes)
 
     def end_local(self, client, server, stats, at):
         return {SUM: stats["sum"], COUNT: stats["count"]}

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Passes
+from algorithms.common import class_sums
 
 SUM, COUNT = "proto.sum", "proto.count"
 PROTOS, HAS = "proto.global", "proto.has"
@@ -50,9 +51,7 @@ class FedProto(Method):
         return F.cross_entropy(self.net.head(state, f), y) + self.hp.lam * distance.mean()  # eq. 8
 
     def statistics(self, state, server, x, y, w):
-        f = self.net.features(state, x)
-        onehot = (y[:, None] == torch.arange(self.training.num_classes, device=y.device)).to(f.dtype) * w[:, None]
-        return {"sum": onehot.T @ f, "count": onehot.sum(0)}
+        return class_sums(self.net.features(state, x), y, w, self.training.num_classes)
 
     def end_local(self, client, server, stats, at):
         return {SUM: stats["sum"], COUNT: stats["count"]}
