@@ -18,7 +18,10 @@ a method says what it does in each step of a round, and which optional steps it 
 `at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
 samples and local steps. `stats` are sums over the client's data that `statistics` defines
 (Passes.statistics_before / statistics_after); `memory` builds a datastore for prediction
-(Passes.memory); `eval_phases` fine-tunes copies before evaluation. Idioms several methods share
+(Passes.memory); `eval_phases` fine-tunes copies before evaluation; `receive_phases` trains every client
+right after each broadcast, kept (FedALA); `carried` names client tensors a step's forward writes for the
+next step, as batch norm its statistics (FedDBE); `at.group` holds the ids of every client a hook runs for
+in this call (FedCross). Idioms several methods share
 (MMD, label counts, a plain cross-entropy, per-client slots on the server) are in
 `algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
 (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
