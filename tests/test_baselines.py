@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.func import grad
 from typer.testing import CliRunner
 
-from algorithms import BASELINES, METHODS
+from algorithms import BASELINES, METHODS, ROSTER
 from tuner.cli import app
 from tuner.config import RunConfig
 from tuner.run import build_simulation
@@ -16,7 +16,7 @@ from simulations import batch, client, digits, reference_run, sim_for
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [m.name for m in BASELINES])
+@pytest.mark.parametrize("method", [m.name for m in BASELINES + ROSTER])
 def test_resume_from_a_state_dict_is_exact(method):
     cfg = dict(join_ratio="0.5-1", val_frac=0.2, dtype="float64")  # bitwise equal, in the precision the equality tests use
     straight = sim_for(method, 2, **cfg)  # resumed after round 1: round 2 is where round 1's uploads come back
