@@ -349,8 +349,9 @@ class Method:
         return []
 
     def receive_phases(self) -> list[Phase]:
-        """Local training every client runs right after each broadcast, on its own training data, kept in its state
-        (FedALA's adaptive local aggregation): what it predicts with and what it trains from next."""
+        """Local training every client runs right after each broadcast of a trained model (not the initial one), on its
+        own training data, kept in its state (FedALA's adaptive local aggregation): what it predicts with and what it
+        trains from next."""
         return []
 
 

@@ -13,8 +13,8 @@ Sources: TsingZ0/FedALA and PFLlib utils/ALA.py (η = 1, rand_percent 80, layer_
 reference learns W on a contiguous 80 % slice at a random offset, in order, its last partial batch kept;
 here on 80 % of a keyed shuffle of the client's samples, in full batches. Its first adaptation runs epochs
 until the last ten losses vary by less than 0.1 (at least eleven); here every adaptation is one epoch
-(the engine runs a fixed number of steps). With every client holding the global model (before round 1)
-the gradient in W is zero, as the reference's skip of its first iteration.
+(the engine runs a fixed number of steps). The initial model is not adapted to (the engine runs receive
+phases from round 1's broadcast on), as the reference skips its first iteration.
 """
 
 from dataclasses import dataclass

@@ -90,9 +90,10 @@ class Simulation:
         """Clients `ids` take what they need from the server for the round they train next."""
         at = self.at(self.round + 1, ids)
         out = self._per_client(self.method.broadcast, "broadcast", {k: v[at.clients] for k, v in self.clients.items()}, at)
-        if self.method.receive_phases():  # every client that received trains on it at once (FedALA)
+        phases = self.method.receive_phases()
+        if phases and self.round > 0:  # every client that received a trained model trains on it at once (FedALA); not the initial one
             out = {**{k: v[at.clients] for k, v in self.clients.items()}, **{k: v.clone() for k, v in out.items()}}  # (broadcast may hand back expanded views)
-            self.executor.train(self.method.receive_phases(), out, self.server, at, RECEIVE_STREAM)
+            self.executor.train(phases, out, self.server, at, RECEIVE_STREAM)
         for k, v in out.items():
             self.clients[k][at.clients] = v
 
