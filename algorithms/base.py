@@ -21,7 +21,7 @@ samples and local steps. `stats` are sums over the client's data that `statistic
 (Passes.memory); `eval_phases` fine-tunes copies before evaluation; `receive_phases` trains every client
 right after each broadcast, kept (FedALA); `carried` names client tensors a step's forward writes for the
 next step, as batch norm its statistics (FedDBE); `at.group` holds the ids of every client a hook runs for
-in this call (FedCross). Idioms several methods share
+in this call (FedCross); a phase's `SGD.group_lrs` steps some tensors at a learning rate of their own (APPLE). Idioms several methods share
 (MMD, label counts, a plain cross-entropy, per-client slots on the server) are in
 `algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
 (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
@@ -205,6 +205,7 @@ class Training:
     seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
     class_counts: tuple[int, ...] = ()  # the federation's training samples per class, as PFLlib's servers read them at start (FedGen's label draws)
     participation_max: float = 1.0  # the largest share of clients in a round (join_ratio's upper end: FedCross's middleware count)
+    client_samples: tuple[int, ...] = ()  # every client's training samples, as the servers of APPLE's code read them at start (its p_0)
 
 
 @dataclass

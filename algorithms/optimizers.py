@@ -15,11 +15,14 @@ from algorithms.common import Number, State, is_on
 class SGD:
     """torch.optim.SGD's update (momentum without dampening, L2 weight decay), in place and fused over
     a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without). The
-    numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs)."""
+    numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs). `group_lrs` gives
+    tensors under a prefix a learning rate of their own, as torch.optim's parameter groups (APPLE's
+    coefficients beside its core model)."""
 
     lr: Number
     momentum: Number = 0.0
     weight_decay: Number = 0.0
+    group_lrs: tuple[tuple[str, Number], ...] = ()  # (prefix, lr): these tensors step at this lr instead
 
     def init(self, params: State) -> State:
         return {k: torch.zeros_like(v) for k, v in params.items()} if is_on(self.momentum) else {}
@@ -34,7 +37,13 @@ class SGD:
             torch._foreach_mul_(buf, self.momentum)
             torch._foreach_add_(buf, d)
             d = buf
-        torch._foreach_sub_(p, torch._foreach_mul(d, self.lr))
+        lrs = [self.lr_of(k) for k in params]
+        for lr in {id(lr): lr for lr in lrs}.values():  # one fused update per learning rate
+            group = [i for i, other in enumerate(lrs) if other is lr]
+            torch._foreach_sub_([p[i] for i in group], torch._foreach_mul([d[i] for i in group], lr))
+
+    def lr_of(self, key: str) -> Number:
+        return next((lr for prefix, lr in self.group_lrs if key.startswith(prefix)), self.lr)
 
 
 @dataclass(frozen=True)

@@ -544,6 +544,65 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
         torch.testing.assert_close(started[k], mixed[k])
 
 
+def test_sgd_with_group_learning_rates_is_torchs_sgd_with_parameter_groups():
+    from algorithms.optimizers import SGD
+
+    torch.manual_seed(0)
+    start = {"core.w": torch.randn(3, 4, dtype=torch.float64), "core.b": torch.randn(4, dtype=torch.float64), "p": torch.randn(5, dtype=torch.float64)}
+    ours = {k: v.clone() for k, v in start.items()}
+    opt = SGD(0.1, 0.9, 0.01, (("p", 0.003),))
+    state = opt.init(ours)
+    theirs = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    reference = torch.optim.SGD([{"params": [theirs["core.w"], theirs["core.b"]]}, {"params": [theirs["p"]], "lr": 0.003}], lr=0.1, momentum=0.9, weight_decay=0.01)
+    for step in range(3):
+        grads = {k: torch.sin(v.detach() * (step + 1)) for k, v in theirs.items()}
+        opt.step(ours, {k: torch.sin(ours[k] * (step + 1)) for k in ours}, state)
+        for k, v in theirs.items():
+            v.grad = grads[k]
+        reference.step()
+    for k in start:
+        torch.testing.assert_close(ours[k], theirs[k].detach(), rtol=0, atol=1e-15)
+    assert opt.lr_of("p") == 0.003 and opt.lr_of("core.w") == 0.1
+
+
+def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_received_core():
+    sim = sim_for("apple", 1, join_ratio="1", dtype="float64", rounds=30, hparams={"lr_p": 0.05})
+    m, keys, n = sim.method, sim.method.net.param_keys, 6
+    counts = torch.tensor(sim.data.train.counts, dtype=torch.float64)
+    p0 = counts / counts.sum()  # p_0, the federation's sample shares (the authors' init_pss)
+    assert all(torch.equal(sim.clients["apple.start"][i], p0) for i in range(n))
+    assert (sim.clients["apple.weights"] - p0).abs().max() > 1e-4  # p_i learned in round 1
+    for k in keys:  # each trained core is stored in its client's slot and comes back to it
+        torch.testing.assert_close(sim.server["apple.cores." + k], sim.clients[k], rtol=0, atol=0)
+    assert not torch.allclose(sim.server["apple.cores." + keys[0]][0], sim.server["apple.cores." + keys[0]][1], atol=1e-3)
+    # λ(r), as the authors' get_reg_coef: L = ⌊30 · 0.1⌋ = 3
+    mu = float(m.hp.mu)
+    assert [float(m.pull(r)) for r in (1, 2, 3, 4)] == pytest.approx([mu, mu * 0.001 ** (1 / 3), mu * 0.001 ** (2 / 3), 0.0])
+    state, (x, y) = client(sim, 2), batch(sim, 2)
+    assert float(state["apple.reg"]) == pytest.approx(mu * 0.001 ** (1 / 3))  # round 2's pull
+    state = {**state, "apple.weights": state["apple.weights"] + 0.01 * torch.arange(n, dtype=torch.float64)}  # p ≠ p_0
+    trained = {**{k: state[k] for k in keys}, "apple.weights": state["apple.weights"]}
+    g = grad(lambda t: m.loss({**state, **t}, sim.server, x, y))(trained)
+    p = state["apple.weights"]
+    cores = {k: sim.server["apple.cores." + k].clone() for k in keys}
+    for k in keys:
+        cores[k][2] = state[k]
+    w = {k: torch.tensordot(p, cores[k], dims=1) for k in keys}  # w_2 = Σ_j p_j c_j
+    ce = grad(lambda w: F.cross_entropy(m.net.logits({**state, **w}, x), y))(w)
+    for k in keys:  # ∂/∂c_2 = p_22 ∂CE/∂w: the other cores are not trained
+        torch.testing.assert_close(g[k], p[2] * ce[k])
+    expected = torch.stack([sum((ce[k] * cores[k][j]).sum() for k in keys) for j in range(n)]) + 2 * state["apple.reg"] * (p - p0)
+    torch.testing.assert_close(g["apple.weights"], expected)
+    before = {k: sim.server["apple.cores." + k].clone() for k in keys}
+    sim.step()
+    after = client(sim, 2)
+    for k in keys:  # it predicts with w_2 as training left it: the others' cores as received, not as the server now holds them
+        received = before[k].clone()
+        received[2] = sim.server["apple.cores." + k][2]
+        torch.testing.assert_close(after["apple.mix." + k], torch.tensordot(after["apple.weights"], received, dims=1))
+    torch.testing.assert_close(m.logits(after, sim.server, x), m.net.logits({**after, **{k: after["apple.mix." + k] for k in keys}}, x))
+
+
 def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
     import pathlib
 
@@ -556,7 +615,7 @@ def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
     table = page[page.index("PFLlib's roster against its neighbours") :].split("\n\n")[2]
     by_title = {cls.title: name for name, cls in METHODS.items()}
     rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
-    assert len(rows) == 19 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen"}
+    assert len(rows) == 20 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
     for title, *cells in rows:
         name = by_title[title.strip()]
         run = root / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name

@@ -131,7 +131,7 @@ def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     method_cls = method_class(cfg.method)
     class_counts = tuple(torch.bincount(data.train.y.cpu(), minlength=data.num_classes).tolist())
     training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
-                        cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed, class_counts, cfg.join_range()[1])  # fmt: skip
+                        cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed, class_counts, cfg.join_range()[1], tuple(int(c) for c in data.train.counts))  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
         torch.random.default_generator.manual_seed(cfg.seed)
         backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
