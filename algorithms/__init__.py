@@ -7,7 +7,7 @@ only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `pfedme-offic
 Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
-from algorithms import apfl, fedcp, fedem, fedpac, gpfl, hypcluster, knnper
+from algorithms import apfl, fedas, fedcp, fedem, fedpac, gpfl, hypcluster, knnper
 from algorithms.apfl import APFL
 from algorithms.apple import APPLE
 from algorithms.base import Method, Net, Passes, Phase, Round, Training, Unsupported, variant
@@ -56,9 +56,9 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              FedProto, FedAMP, FedFomo, KNNPer, PFedHN, hypcluster.HypCluster,
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
-ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC, FedCross, FedALA, APPLE]
+ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC, FedCross, FedALA, APPLE, fedas.FedAS]
 REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib]
-_ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
+_ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *fedas.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}
 

@@ -17,7 +17,8 @@ a method says what it does in each step of a round, and which optional steps it 
 
 `at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
 samples and local steps. `stats` are sums over the client's data that `statistics` defines
-(Passes.statistics_before / statistics_after); `memory` builds a datastore for prediction
+(Passes.statistics_before / statistics_after; `trained_statistics` where the pass after training sums
+other things, and `statistics_in_batches` where each call must hold whole run batches: FedAS); `memory` builds a datastore for prediction
 (Passes.memory); `eval_phases` fine-tunes copies before evaluation; `receive_phases` trains every client
 right after each broadcast, kept (FedALA); `carried` names client tensors a step's forward writes for the
 next step, as batch norm its statistics (FedDBE); `at.group` holds the ids of every client a hook runs for
@@ -249,6 +250,7 @@ class Method:
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
+    statistics_in_batches: ClassVar[bool] = False  # each statistics call holds whole batches of the run's batch size, in order (FedAS's per-batch Fisher trace)
     carried: ClassVar[tuple[str, ...]] = ()  # client tensors the loss updates in place each step, as batch norm its running statistics (FedDBE)
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
@@ -291,6 +293,10 @@ class Method:
     def statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
         """Sums over one batch (w: 1 for real samples, 0 for padding); the engine adds up the batches."""
         raise NotImplementedError
+
+    def trained_statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
+        """The sums of the pass after training (statistics_after), where they differ from the pass before it (FedAS)."""
+        return self.statistics(state, server, x, y, w)
 
     def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
         """The tensors that change before local training; `stats` is {} without statistics_before."""
@@ -366,7 +372,9 @@ def _declaration_problem(cls: type[Method]) -> str | None:
             return f"defines {hook} but does not declare Passes({hook}=True)" if declared is False else f"declares {hook} but does not define it"
     if (p.statistics_before and not p.begin_local) or (p.statistics_after and not p.end_local):
         return "statistics go to begin_local (before) or end_local (after): declare that hook too"
-    if (p.statistics_before or p.statistics_after) != defines("statistics"):
+    if defines("trained_statistics") and not p.statistics_after:
+        return "defines trained_statistics but does not declare Passes(statistics_after=True)"
+    if (p.statistics_before or (p.statistics_after and not defines("trained_statistics"))) != defines("statistics"):
         return "statistics are defined without a statistics pass, or declared without being defined"
     if not p.upload and (defines("upload") or defines("aggregate")):
         return "defines upload or aggregate but declares Passes(upload=False)"

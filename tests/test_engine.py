@@ -49,6 +49,16 @@ def test_fedpacs_protocol_is_equal_under_both_executors():  # momentum and weigh
     assert_equal_states(seq, vec)
 
 
+def test_a_hook_that_hands_back_the_servers_tensors_gives_each_client_a_copy_to_train():
+    # FedAS's begin_local returns the server's body: vmap hands it back expanded over the cohort (for one client,
+    # the server's tensor itself), and training in place once wrote every client's steps into one shared body
+    run = {"join_ratio": "0.5", "dtype": "float64", "rounds": 2}
+    seq, _ = run_rounds(digits("fedas", executor="sequential", **run), 2)
+    vec, _ = run_rounds(digits("fedas", executor="vectorized", **run), 2)
+    assert_equal_states(seq, vec)
+    assert len(set(seq.clients["as.fim"].tolist())) > 2  # the round's clients trained bodies of their own
+
+
 def assert_same_clients(a, b):
     for k in a.clients:
         torch.testing.assert_close(b.clients[k], a.clients[k], **EXACT)

@@ -603,6 +603,64 @@ def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_rec
     torch.testing.assert_close(m.logits(after, sim.server, x), m.net.logits({**after, **{k: after["apple.mix." + k] for k in keys}}, x))
 
 
+def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_fisher_information():
+    sim = sim_for("fedas", 1, join_ratio="0.5", dtype="float64", partition="dir:0.3")
+    m, keys, body = sim.method, sim.method.net.param_keys, sim.method.net.keys(("body.",))
+    align, train = m.phases()
+    assert align.trains == ("body.",) and align.batch == 16 and align.epochs == 1 and float(align.optimizer.lr) == 0.01 and align.loss == m.alignment_loss
+    # receiving: prototypes of the client's own body, then the server's body in its place
+    i = 2  # 266 samples: statistics calls 250 wide, and a partial batch to drop
+    state = client(sim, i)
+    x_all, y_all = sim.data.train.client(i)
+    feats = m.net.features(state, sim.data.decode(x_all))
+    stats = m.statistics(state, sim.server, sim.data.decode(x_all), y_all, torch.ones(len(y_all), dtype=torch.float64))
+    took = m.begin_local(state, sim.server, stats, None)
+    for c in range(10):
+        rows = y_all == c
+        assert bool(took["as.has"][c]) == bool(rows.any())
+        if rows.any():
+            torch.testing.assert_close(took["as.protos"][c], feats[rows].mean(0))
+    for k in body:
+        torch.testing.assert_close(took[k], sim.server[k])
+    # the alignment loss, as the reference's loop over the batch's labels with MSELoss
+    aligned = {**state, **took, **{k: sim.server[k] + 0.05 for k in body}}
+    x, y = batch(sim, i, 16)
+    f = m.net.features(aligned, x)
+    expected = sum(F.mse_loss(f[y == c], took["as.protos"][c].expand(int((y == c).sum()), -1)) for c in y.unique().tolist())
+    torch.testing.assert_close(m.alignment_loss(aligned, sim.server, x, y), expected)
+    assert expected > 1e-6
+    # the Fisher trace: Σ over the client's consecutive whole batches of the run's size of ‖∇CE‖², the last partial batch dropped
+    b, n = m.training.batch_size, len(y_all)
+    params = {k: state[k] for k in keys}
+    trace = 0.0
+    for start in range(0, n - b + 1, b):
+        xb, yb = sim.data.decode(x_all[start : start + b]), y_all[start : start + b]
+        g = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, xb), yb))(params)
+        trace += sum((v**2).sum() for v in g.values())
+    at = sim.at(1, [i])
+    summed = sim.executor.sum_over(m.trained_statistics, {k: v[[i]] for k, v in sim.clients.items()}, sim.server, sim.data.train, "trained_statistics", at, 0, b)
+    assert n % b and n > 256
+    torch.testing.assert_close(summed["fim"][0], trace)
+    # the server: Σ F_i θ_i / Σ F_i over the round's clients (the sample-weighted mean without client synchronization)
+    before = {k: v.clone() for k, v in sim.server.items()}
+    old = sim.clients[body[0]].clone()
+    seen = []
+    aggregate = m.aggregate
+    m.aggregate = lambda server, up, at: (seen.append((up, at)), aggregate(server, up, at))[1]
+    sim.step()
+    up, at = seen[0]
+    w = up["as.fim"] / up["as.fim"].sum()
+    assert not torch.allclose(w, at.samples / at.samples.sum(), atol=1e-3)
+    for k in body:
+        torch.testing.assert_close(sim.server[k], torch.tensordot(w, up[k], dims=1))
+        assert not torch.equal(sim.server[k], before[k])
+    for j in range(6):  # nothing is broadcast: clients outside the round keep the body they trained last
+        assert torch.equal(sim.clients[body[0]][j], old[j]) != (j in at.clients.tolist())
+    nocs = sim_for("fedas-nocs", 2, join_ratio="1", dtype="float64")
+    assert "as.fim" not in nocs.method.trained_statistics(client(nocs, 0), nocs.server, x, y, torch.ones(len(y), dtype=torch.float64))
+    assert len(sim_for("fedas-nopa").method.phases()) == 1
+
+
 def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
     import pathlib
 
@@ -615,7 +673,7 @@ def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
     table = page[page.index("PFLlib's roster against its neighbours") :].split("\n\n")[2]
     by_title = {cls.title: name for name, cls in METHODS.items()}
     rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
-    assert len(rows) == 20 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
+    assert len(rows) == 21 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
     for title, *cells in rows:
         name = by_title[title.strip()]
         run = root / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name

@@ -101,10 +101,12 @@ class Simulation:
         """begin_local or end_local over the cohort, after a statistics pass where the method declares one."""
         stats = {}
         if with_statistics:
-            split = self.data.holdout or self.data.train
-            stream = STATISTICS_STREAM + (name == "end_local")
-            stats = self.executor.sum_over(self.method.statistics, cohort, self.server, split, "statistics", at, stream)
-        return {**cohort, **self._per_client(hook, name, cohort, at, stats)}
+            m, split, after = self.method, self.data.holdout or self.data.train, name == "end_local"
+            own = after and type(m).trained_statistics is not Method.trained_statistics
+            fn, label = (m.trained_statistics, "trained_statistics") if own else (m.statistics, "statistics")
+            multiple = m.training.batch_size if m.statistics_in_batches else 1
+            stats = self.executor.sum_over(fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple)
+        return {**cohort, **_own_memory(self._per_client(hook, name, cohort, at, stats), self.server)}
 
     def _accuracy(self, state, server, x, y, w):
         out = self.method.logits(state, server, x)
@@ -202,3 +204,12 @@ class Simulation:
         self.clients = {k: v.to(self.device) for k, v in state["clients"].items()}
         self.history = list(state["history"])  # an older checkpoint's generator states are not needed: nothing draws from them
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)
+
+
+def _own_memory(outputs: State, server: State) -> State:
+    """A hook's outputs, each client's in memory of its own: the cohort trains in place, and a hook may hand back a
+    server tensor, which vmap returns expanded over the clients (or, for one client, as the server's tensor itself)."""
+    server_memory = {v.untyped_storage().data_ptr() for v in server.values()}
+    aliased = lambda v: (v.dim() > 0 and v.stride(0) == 0) or v.untyped_storage().data_ptr() in server_memory  # noqa: E731
+    return {k: v.clone() if aliased(v) else v for k, v in outputs.items()}
+

@@ -275,9 +275,10 @@ class Executor:
         raise NotImplementedError
 
     @torch.no_grad()
-    def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round, stream: int) -> State:
-        """Sum fn(state, server, x, y, w) over each client's samples of a split, eval_batch at a time;
-        padded samples carry w = 0. A drawing method's state holds a key per client and batch (`stream`)."""
+    def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round, stream: int, multiple: int = 1) -> State:
+        """Sum fn(state, server, x, y, w) over each client's samples of a split, eval_batch at a time (rounded down to a
+        multiple of `multiple`, so that batches of that size lie whole in one call); padded samples carry w = 0. A
+        drawing method's state holds a key per client and batch (`stream`)."""
         self.method.net.module.eval()
         device = split.y.device
         ids = at.clients.tolist()
@@ -290,6 +291,7 @@ class Executor:
             state = {k: v[rows_t] for k, v in states.items()}
             counts = [split.counts[ids[j]] for j in rows]
             width = min(self.settings.eval_batch, max(counts[0], 1))  # no wider than the largest client: padding costs
+            width = max(multiple, width // multiple * multiple)
             starts = range(0, max(counts[0], 1), width)
             if self.method.draws:
                 seed = self.settings.seed
