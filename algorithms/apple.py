@@ -64,6 +64,7 @@ class APPLE(Method):
         super().__init__(net, training, hp)
         if len(training.client_samples) != training.clients:
             raise Unsupported("APPLE starts p_i at the clients' sample shares: build it with every client's training samples (Training.client_samples).")
+        self.last = int(training.rounds * self.hp.reg_share)  # L: the pull's last round (read before the engine makes hyperparameters tensors)
 
     def initial_cores(self, model):
         """c_1 … c_N at the start: independent draws, as the authors' Net() per client (client 0's is the run's model)."""
@@ -84,8 +85,7 @@ class APPLE(Method):
 
     def pull(self, number: int):
         """λ(r) of round `number` (r = number − 1), as utils/losses.py get_reg_coef."""
-        last = int(self.training.rounds * self.hp.reg_share)
-        r = number - 1
+        r, last = number - 1, self.last
         if not is_on(self.hp.mu) or r >= last:
             return 0.0
         shape = 0.001 ** (r / last) if self.hp.schedule == "exponential" else (math.cos(math.pi * r / last) + 1) / 2
