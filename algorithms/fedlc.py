@@ -7,17 +7,22 @@ seen rarely has its logit lowered in training, so its pairwise margin against th
 enforced more strongly (the paper's calibrated loss).
 Upload / server / prediction: as FedAvg (the global model predicts, uncalibrated).
 
-Sources: FL-bench src/client/fedlc.py, whose form this is: the client's own counts, a class it lacks
-counted as 1e-8 (its calibration 100 τ: out of the softmax in effect), the full softmax. PFLlib
-serverlc.py calibrates every client by the counts of the whole federation (one vector for all), which
-does not follow the local skew the paper calibrates. τ = 1 as both (PFLlib's -tau, FL-bench's default).
-Measured (docs/methods.md): under strong skew a one-class client's calibrated loss is zero (every other
-class is out of its softmax), so it teaches nothing, and on digits dir:0.1 this form stays near 19 %
-where FedAvg reaches 75 %; the paper's own code is not public, and which form to default to is open.
+Sources: FL-bench src/client/fedlc.py, whose form this is: the client's own counts (the paper's n_{c,y}), a
+class it lacks counted as 1e-8 (its calibration 100 τ: out of the softmax in effect), the full softmax. τ = 1
+(PFLlib's -tau, FL-bench's default). The paper's own code is not public. Its calibrated loss divides by
+Σ_{y'≠y} e^{f_y' − Δ_y'}, the true class left out: PFLlib wrote that form (clientlc.py, logits_calibration)
+and left it commented out; its gradient in f_y is −1 whatever the margin, so it never saturates and the
+logits grow without bound; both codes train with the full softmax instead, as here.
+`fedlc-pfllib` is PFLlib's form (serverlc.py): every client calibrated by the counts of the whole federation,
+one vector for all (`Training.class_counts`). Measured (docs/methods.md): under strong skew a one-class
+client's calibrated loss here is zero (every other class is out of its softmax), so it teaches nothing, and
+on digits dir:0.1 this form stays near 19 % where FedAvg reaches 75 %; PFLlib's form, whose calibration is
+the same for every client, trains as a FedAvg with a fixed logit offset.
 """
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Passes
@@ -52,3 +57,17 @@ class FedLC(Method):
     def loss(self, state, server, x, y):
         calibration = self.hp.tau * state[COUNTS] ** -0.25
         return F.cross_entropy(self.net.logits(state, x) - calibration, y)
+
+
+class FedLCPfllib(FedLC):
+    """PFLlib's form of FedLC: the federation's label counts calibrate every client (module docstring)."""
+
+    name = "fedlc-pfllib"
+    title = "FedLC-PFLlib"
+    source = "PFLlib clientlc.py / serverlc.py"
+    family = "fedlc"
+
+    def begin_local(self, client, server, stats, at):
+        counts = torch.tensor(self.training.class_counts, dtype=client[COUNTS].dtype, device=client[COUNTS].device)
+        return {COUNTS: counts}
+

@@ -120,6 +120,17 @@ def test_fedlc_calibrates_each_clients_logits_by_its_own_label_counts():
     assert abs(calibrated - F.cross_entropy(logits, y)) > 1e-3
 
 
+def test_fedlc_pfllib_calibrates_every_client_by_the_federations_label_counts():
+    sim = sim_for("fedlc-pfllib", 1, dtype="float64", partition="pat:2")
+    m = sim.method
+    federation = torch.bincount(sim.data.train.y, minlength=10).double()
+    for i in range(6):  # one vector for all, though each client holds two classes
+        torch.testing.assert_close(sim.clients["lc.counts"][i], federation)
+    state, (x, y) = client(sim, 0), batch(sim, 0)
+    logits = m.net.logits(state, x)
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(logits - m.hp.tau * federation**-0.25, y))
+
+
 def test_fd_distills_toward_the_cohorts_class_average_logits():
     sim = sim_for("fd", 0, join_ratio="1", dtype="float64", partition="pat:2")
     m = sim.method
