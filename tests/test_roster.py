@@ -690,3 +690,29 @@ def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
         run = root / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
         acc = pd.read_parquet(run / "metrics.parquet").set_index("round")["acc"] * 100
         assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], title
+
+
+def test_the_fashion_mnist_roster_table_is_the_committed_runs_and_names_the_rest():
+    import pathlib
+
+    import pandas as pd
+
+    from algorithms import METHODS, ROSTER
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "methods.md").read_text()
+    start = page.index("PFLlib's roster on Fashion-MNIST")
+    table = [block for block in page[start:].split("\n\n") if block.startswith("| method |")][0]
+    by_title = {cls.title: name for name, cls in METHODS.items()}
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    shown = [by_title[r[0].strip()] for r in rows]
+    for name, (_, *cells) in zip(shown, rows):
+        run = pd.read_parquet(root / "results" / "roster-fmnist" / name / "metrics.parquet").set_index("round")
+        assert run.index.max() == 30, name
+        acc = run["acc"] * 100
+        assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 10, 30)] + [round(acc.max(), 2)], name
+    pending = page[start:].split("Not yet run to 30 rounds: ")[1].split(" (FedBN")[0].replace("\n", " ")
+    missing = {by_title[t.strip()] for t in pending.split(",")}
+    assert shown[:2] == ["local", "fedavg"] and missing.isdisjoint(shown)
+    assert missing | set(shown) == {m.name for m in ROSTER if m.name != "fedbn"} | {"local", "fedavg"}  # every roster method, here or named
+
