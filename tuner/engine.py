@@ -212,4 +212,3 @@ def _own_memory(outputs: State, server: State) -> State:
     server_memory = {v.untyped_storage().data_ptr() for v in server.values()}
     aliased = lambda v: (v.dim() > 0 and v.stride(0) == 0) or v.untyped_storage().data_ptr() in server_memory  # noqa: E731
     return {k: v.clone() if aliased(v) else v for k, v in outputs.items()}
-
