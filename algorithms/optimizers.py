@@ -37,13 +37,12 @@ class SGD:
             torch._foreach_mul_(buf, self.momentum)
             torch._foreach_add_(buf, d)
             d = buf
-        lrs = [self.lr_of(k) for k in params]
-        for lr in {id(lr): lr for lr in lrs}.values():  # one fused update per learning rate
-            group = [i for i, other in enumerate(lrs) if other is lr]
-            torch._foreach_sub_([p[i] for i in group], torch._foreach_mul([d[i] for i in group], lr))
-
-    def lr_of(self, key: str) -> Number:
-        return next((lr for prefix, lr in self.group_lrs if key.startswith(prefix)), self.lr)
+        groups: dict[str, list[int]] = {}  # keyed by prefix, never by the lr itself: a compiled step guards on what it reads
+        for i, key in enumerate(params):
+            groups.setdefault(next((prefix for prefix, _ in self.group_lrs if key.startswith(prefix)), ""), []).append(i)
+        lrs = dict(self.group_lrs)
+        for prefix, group in groups.items():  # one fused update per learning rate
+            torch._foreach_sub_([p[i] for i in group], torch._foreach_mul([d[i] for i in group], lrs.get(prefix, self.lr)))
 
 
 @dataclass(frozen=True)

@@ -573,7 +573,6 @@ def test_sgd_with_group_learning_rates_is_torchs_sgd_with_parameter_groups():
         reference.step()
     for k in start:
         torch.testing.assert_close(ours[k], theirs[k].detach(), rtol=0, atol=1e-15)
-    assert opt.lr_of("p") == 0.003 and opt.lr_of("core.w") == 0.1
 
 
 def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_received_core():
