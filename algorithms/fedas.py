@@ -101,7 +101,7 @@ class FedAS(Method):
         return {FIM: stats["fim"]} if self.hp.fisher else {}
 
     def upload(self, client, server):
-        return {**{k: v for k, v in client.items() if self.is_shared(k)}, FIM: client[FIM]}
+        return {**super().upload(client, server), FIM: client[FIM]}
 
     def aggregate(self, server, uploads, at):
         weights = uploads[FIM] if self.hp.fisher else at.samples
