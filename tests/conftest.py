@@ -7,6 +7,26 @@ import pytest
 
 # Partitions cached by the tests (and the subprocesses they start) stay out of the user's cache.
 os.environ["TUNER_CACHE"] = tempfile.mkdtemp(prefix="tuner-test-cache-")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each xdist worker is one of the machine's cores: a second torch thread per worker (or per subprocess it
+    # starts) would wait on the other worker's core at every barrier.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.pop("COLUMNS", None)  # xdist's workers set 80, which the CLI's console would keep for the session
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that start Ray run one after another on one xdist worker (`--dist loadgroup`): each starts a local
+    cluster sized to the machine, and the cluster tests start and stop `ray start` heads of their own."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -23,11 +43,14 @@ def tiny_batchnorm_backbone():
 @pytest.fixture
 def spawn():
     """subprocess.Popen in a process group of its own, stopped with its children at teardown if still running,
-    so a test that fails midway leaves no sweep writing into a later test's time (or folders)."""
+    so a test that fails midway leaves no sweep writing into a later test's time (or folders). The child gets
+    Ctrl-C's default action, as a terminal's foreground job does: pytest started in the background (`cmd &`)
+    ignores SIGINT, and children inherit that."""
     started = []
 
     def start(cmd, **kwargs):
-        started.append(subprocess.Popen(cmd, start_new_session=True, **kwargs))
+        default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        started.append(subprocess.Popen(cmd, start_new_session=True, preexec_fn=default_sigint, **kwargs))
         return started[-1]
 
     yield start

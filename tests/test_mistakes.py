@@ -131,7 +131,8 @@ def workspace(tmp_path_factory):
 
 
 @pytest.mark.parametrize("what, args, code, words", MISTAKES, ids=[m[0] for m in MISTAKES])
-def test_a_mistake_is_one_sentence(workspace, what, args, code, words):
+def test_a_mistake_is_one_sentence(workspace, what, args, code, words, monkeypatch):
+    monkeypatch.chdir(workspace)  # default output folders (results/runs/METHOD-TIME) land here, not in the repository
     start = time.monotonic()
     res = CliRunner().invoke(app, [a.format(w=workspace) for a in args])
     words = words.format(w=workspace)
@@ -139,6 +140,8 @@ def test_a_mistake_is_one_sentence(workspace, what, args, code, words):
     assert res.exit_code == code, res.output
     assert words in " ".join(res.output.split()) and "Traceback" not in res.output, res.output
     assert len([line for line in res.output.splitlines() if line.startswith("error:")]) == 1
+    runs = workspace / "results" / "runs"
+    assert not runs.exists() or all(any(d.iterdir()) for d in runs.iterdir())  # a refused run leaves no empty folder
 
 
 def test_the_battery_is_broad():

@@ -199,11 +199,16 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
     When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
     continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before."""
     run_dir = RunDir(out)
+    created = not run_dir.path.exists()
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
     if not resume and run_dir.config.exists():
         raise UserError(f"{run_dir.path} holds a run already; pass --resume to continue it, or choose another --out.")
-    with folder_lock(run_dir.path, "The run folder", "choose another --out"):
-        return _run(cfg, run_dir, resume, on_round, stop_requested)
+    try:
+        with folder_lock(run_dir.path, "The run folder", "choose another --out"):
+            return _run(cfg, run_dir, resume, on_round, stop_requested)
+    finally:  # a run refused before its first file (missing data, a bad setting) leaves no empty folder behind
+        if created and run_dir.path.is_dir() and not any(run_dir.path.iterdir()):
+            run_dir.path.rmdir()
 
 
 def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested) -> Simulation:
