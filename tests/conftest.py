@@ -21,6 +21,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """Tests that start Ray run one after another on one xdist worker (`--dist loadgroup`): each starts a local
     cluster sized to the machine, and the cluster tests start and stop `ray start` heads of their own."""
@@ -38,6 +39,13 @@ def tiny_batchnorm_backbone():
     BACKBONES["tiny_batchnorm"] = tiny_batchnorm
     yield
     del BACKBONES["tiny_batchnorm"]
+
+
+@pytest.fixture(autouse=True)
+def ray_tests_share_one_worker(request):
+    """Fails a Ray test that xdist did not group (pytest 9.2's node ids defeat xdist 3.8's grouping, silently)."""
+    if request.node.get_closest_marker("ray") and getattr(request.config.option, "loadgroup", False):  # an xdist worker
+        assert request.node.nodeid.endswith("@ray"), "Ray's tests are not grouped on one xdist worker"
 
 
 @pytest.fixture
