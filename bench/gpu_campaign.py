@@ -62,7 +62,7 @@ from tuner.run import build_simulation  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}
 STAGES = list(SHARES)
-PACKAGES = ["torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "cvxpy", "osqp", "clarabel", "scs", "typer", "rich", "yaml", "ray", "optuna"]
+PACKAGES = ["torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "cvxpy", "osqp", "clarabel", "scs", "typer", "rich", "yaml", "pydantic", "ray", "optuna"]
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
 

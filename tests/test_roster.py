@@ -691,27 +691,35 @@ def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
         assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], title
 
 
-def test_the_fashion_mnist_roster_table_is_the_committed_runs_and_names_the_rest():
+def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
     import pathlib
 
     import pandas as pd
+    import yaml
 
     from algorithms import METHODS, ROSTER
 
     root = pathlib.Path(__file__).resolve().parents[1]
+    runs = root / "results" / "roster-fmnist"
     page = (root / "docs" / "methods.md").read_text()
     start = page.index("PFLlib's roster on Fashion-MNIST")
     table = [block for block in page[start:].split("\n\n") if block.startswith("| method |")][0]
     by_title = {cls.title: name for name, cls in METHODS.items()}
-    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
-    shown = [by_title[r[0].strip()] for r in rows]
-    for name, (_, *cells) in zip(shown, rows):
-        run = pd.read_parquet(root / "results" / "roster-fmnist" / name / "metrics.parquet").set_index("round")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    shown = [by_title[r[0]] for r in rows]
+    for name, (_, *cells, device) in zip(shown, rows):
+        run = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")
         assert run.index.max() == 30, name
         acc = run["acc"] * 100
         assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 10, 30)] + [round(acc.max(), 2)], name
-    pending = page[start:].split("Not yet run to 30 rounds: ")[1].split(" (FedBN")[0].replace("\n", " ")
-    missing = {by_title[t.strip()] for t in pending.split(",")}
-    assert shown[:2] == ["local", "fedavg"] and missing.isdisjoint(shown)
-    assert missing | set(shown) == {m.name for m in ROSTER if m.name != "fedbn"} | {"local", "fedavg"}  # every roster method, here or named
+        config = yaml.safe_load((runs / name / "config.yaml").read_text())
+        assert (config["method"], config["rounds"], config["partition"], config["clients"]) == (name, 30, "dir:0.1", 20)
+        assert config["device"].split(":")[0] == device, name
+    assert shown[:2] == ["local", "fedavg"] and len(set(shown)) == len(shown)
+    assert set(shown) == {m.name for m in ROSTER if m.name != "fedbn"} | {"local", "fedavg"}  # every roster method
+    assert "FedBN is not in the table" in page[start:]
+    # the page's CPU-against-GPU statement for FedAvg
+    cpu, gpu = (pd.read_parquet(root / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
+                for f in ("roster-fmnist/fedavg", "roster-fmnist-cuda/fedavg"))
+    assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in page
 
