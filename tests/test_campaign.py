@@ -24,10 +24,11 @@ def without_ray_and_optuna(tmp_path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_result(tmp_path):
+def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_a_later_command_adds_to_it(tmp_path):
     out = tmp_path / "campaign"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out), "--columns", "fedpac-20"],
-                          env=without_ray_and_optuna(tmp_path), capture_output=True, text=True, timeout=900)  # fmt: skip
+    command = [sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)]
+    env = without_ray_and_optuna(tmp_path)
+    proc = subprocess.run([*command, "--columns", "fedpac-20"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = [line.split("]")[0].strip("[") for line in proc.stdout.splitlines() if line.startswith("[")]
     assert printed == STAGES  # one line per stage, in order
@@ -49,26 +50,18 @@ def test_campaign_smoke_runs_every_stage_without_ray_or_optuna_and_writes_each_r
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} |" in summary for s in STAGES)
 
-
-@pytest.mark.slow
-def test_campaign_commands_run_chosen_stages_add_to_earlier_results_and_never_rerun_a_finished_real_run(tmp_path):
-    out = tmp_path / "campaign"
-    command = [sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out)]
-    env = without_ray_and_optuna(tmp_path)
-    first = subprocess.run([*command, "--stages", "correctness", "--methods", "fedavg"], env=env, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = subprocess.run([*command, "--stages", "correctness,real-run", "--methods", "fedcp-gumbel", "--engine", "compiled", "--columns", "gpfl-dir"],
-                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert second.returncode == 0, second.stderr[-2000:]
+    # A later command runs the stages it names, adds its checks to the earlier ones, and starts no finished run again.
+    later = subprocess.run([*command, "--stages", "correctness,real-run", "--methods", "fedcp-gumbel", "--engine", "compiled", "--columns", "fedpac-20"],
+                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert [line.split("]")[0].strip("[") for line in later.stdout.splitlines() if line.startswith("[")] == ["correctness", "real run"]
     results = json.loads((out / "campaign.json").read_text())
-    assert list(results) == ["correctness", "real run"]
+    assert list(results) == STAGES and results["speed"]["figures"].keys() == {"fedavg"}  # the first command's stages kept
     checks = results["correctness"]["checks"]
-    assert checks["executors equal: fedavg"]["status"] == checks["executors equal (compiled): fedcp-gumbel"]["status"] == "passed"
-    third = subprocess.run([*command, "--stages", "real-run", "--columns", "gpfl-dir"], env=env, capture_output=True, text=True, timeout=600)
-    assert third.returncode == 0, third.stderr[-2000:]  # finished runs: not started again
-    ran = [line for line in (out / "runs/gpfl-dir/fedavg.log").read_text().splitlines() if "rounds run" in line]
-    assert len(ran) == 1 and json.loads((out / "campaign.json").read_text())["real run"]["runs"]["gpfl-dir/fedavg"]["finished"]
-    assert len(pd.read_parquet(out / "runs/gpfl-dir/fedavg/metrics.parquet")) == 2  # no round twice
+    assert checks["executors equal: fedpac"]["status"] == checks["executors equal (compiled): fedcp-gumbel"]["status"] == "passed"
+    ran = [line for line in (out / "runs/fedpac-20/local.log").read_text().splitlines() if "rounds run" in line]
+    assert len(ran) == 1 and results["real run"]["runs"]["fedpac-20/local"]["finished"]
+    assert len(pd.read_parquet(out / "runs/fedpac-20/local/metrics.parquet")) == 2  # no round twice
 
 
 def load_campaign():
