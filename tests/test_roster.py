@@ -1,10 +1,15 @@
 """Methods of PFLlib's roster beyond the papers' tables: each test fails if the method's defining term is removed."""
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
+import yaml
 import torch.nn.functional as F
 from torch.func import grad
 
+from algorithms import METHODS, ROSTER
 from simulations import batch, client, sim_for
 
 
@@ -671,41 +676,32 @@ def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_
     assert len(sim_for("fedas-nopa").method.phases()) == 1
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def methods_page_table(heading: str) -> tuple[str, list[list[str]]]:
+    """docs/methods.md from `heading` on, and the rows of the first table after it, cells stripped."""
+    page = (ROOT / "docs" / "methods.md").read_text()
+    section = page[page.index(heading) :]
+    table = next(block for block in section.split("\n\n") if block.startswith("| method |"))
+    return section, [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+
+
 def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
-    import pathlib
-
-    import pandas as pd
-
-    from algorithms import METHODS
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "methods.md").read_text()
-    table = page[page.index("PFLlib's roster against its neighbours") :].split("\n\n")[2]
+    _, rows = methods_page_table("PFLlib's roster against its neighbours")
     by_title = {cls.title: name for name, cls in METHODS.items()}
-    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
-    assert len(rows) == 21 and {r[0].strip() for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
+    assert len(rows) == 21 and {r[0] for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
     for title, *cells in rows:
-        name = by_title[title.strip()]
-        run = root / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
+        name = by_title[title]
+        run = ROOT / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
         acc = pd.read_parquet(run / "metrics.parquet").set_index("round")["acc"] * 100
         assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], title
 
 
 def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
-    import pathlib
-
-    import pandas as pd
-    import yaml
-
-    from algorithms import METHODS, ROSTER
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    runs = root / "results" / "roster-fmnist"
-    page = (root / "docs" / "methods.md").read_text()
-    start = page.index("PFLlib's roster on Fashion-MNIST")
-    table = [block for block in page[start:].split("\n\n") if block.startswith("| method |")][0]
+    section, rows = methods_page_table("PFLlib's roster on Fashion-MNIST")
+    runs = ROOT / "results" / "roster-fmnist"
     by_title = {cls.title: name for name, cls in METHODS.items()}
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
     shown = [by_title[r[0]] for r in rows]
     for name, (_, *cells, device) in zip(shown, rows):
         run = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")
@@ -717,9 +713,8 @@ def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
         assert config["device"].split(":")[0] == device, name
     assert shown[:2] == ["local", "fedavg"] and len(set(shown)) == len(shown)
     assert set(shown) == {m.name for m in ROSTER if m.name != "fedbn"} | {"local", "fedavg"}  # every roster method
-    assert "FedBN is not in the table" in page[start:]
+    assert "FedBN is not in the table" in section
     # the page's CPU-against-GPU statement for FedAvg
-    cpu, gpu = (pd.read_parquet(root / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
+    cpu, gpu = (pd.read_parquet(ROOT / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
                 for f in ("roster-fmnist/fedavg", "roster-fmnist-cuda/fedavg"))
-    assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in page
-
+    assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in section
