@@ -2,17 +2,39 @@
 eager reference in float64, each program compiled once in a run. Compiling costs seconds a program
 on this CPU, so the methods here are the ones that exercise what a step can hold: two phases with
 momentum and weight decay (FedPAC), keyed noise (FedCP-Gumbel), BatchNorm statistics, and the
-sequential executor's per-client program, and what a forward carries from step to step (FedDBE)."""
+sequential executor's per-client program, and what a forward carries from step to step (FedDBE).
 
+Every test asserts that the compiled path ran (`assert_compiled_ran`): a run whose programs fail to compile
+goes on eager and gives the same numbers, so equality alone cannot tell. `test_each_check_fails_when_compiling_fails`
+runs every test of this file with compiling made to fail and requires each to fail."""
+
+import pandas as pd
 import pytest
 import torch
 import torch._dynamo
+import torch._functorch.config
+import torch._inductor.config
+import torch._inductor.scheduler
+import yaml
 from torch._dynamo.utils import counters
 
-
+import tuner.steps
 from simulations import assert_equal_states, exact_config, reference_run, run_rounds
+from tuner.config import RunConfig
+from tuner.run import run
+from tuner.steps import INDUCTOR_CONFIGS
 
 pytestmark = pytest.mark.slow
+
+
+def assert_compiled_ran(sim, rows, config: int = 0):
+    """Every training step and evaluation batch of the run ran compiled (under INDUCTOR_CONFIGS[config]), none eager."""
+    ran = sim.executor.ran
+    assert ran.compiled_steps > 0 and ran.compiled_batches > 0, f"nothing ran compiled: {ran}"
+    assert ran.eager_steps == ran.eager_batches == 0 and not ran.failed, f"the run went on eager: {ran}"
+    assert ran.config == config and sim.settings.engine == "compiled"
+    expected = "compiled" if config == 0 else f"compiled, {INDUCTOR_CONFIGS[config][0]}"
+    assert [r["engine"] for r in rows] == [expected] * len(rows)
 
 
 def compiled_run(cfg, rounds):
@@ -20,6 +42,8 @@ def compiled_run(cfg, rounds):
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
     sim, rows = run_rounds(cfg, rounds)
+    assert_compiled_ran(sim, rows)
+    assert sim.executor.ran.programs == counters["stats"]["unique_graphs"] - before  # the run's own count is dynamo's
     return sim, rows, counters["stats"]["unique_graphs"] - before
 
 
@@ -37,10 +61,10 @@ def test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_ea
 
 def test_a_compiled_run_compiles_nothing_after_its_shapes_are_known():
     cfg = exact_config("fedavg", executor="vectorized", engine="compiled", rounds=6, join_ratio="1")  # every round: the same cohort
-    sim, _, programs = compiled_run(cfg, 2)
+    sim, rows, programs = compiled_run(cfg, 2)
     before = counters["stats"]["unique_graphs"]
-    for _ in range(4):
-        sim.step()
+    rows += [sim.step() for _ in range(4)]
+    assert_compiled_ran(sim, rows)
     assert counters["stats"]["unique_graphs"] == before and 1 <= programs <= sim.executor.shapes_compiled()
 
 
@@ -67,9 +91,9 @@ def test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_number
     first = dict(executor="vectorized", join_ratio="1", clients=4, lr=0.05, hparams=dict(mu=0.01))
     compiled_run(exact_config("fedprox", engine="compiled", **first), 1)
     second = {**first, "lr": 0.03, "hparams": dict(mu=0.5)}
-    before = counters["stats"]["unique_graphs"]
     sim, rows = run_rounds(exact_config("fedprox", engine="compiled", **second), 2)
-    assert counters["stats"]["unique_graphs"] == before
+    assert_compiled_ran(sim, rows)
+    assert sim.executor.ran.programs == 0
     eager, eager_rows = run_rounds(exact_config("fedprox", engine="eager", **second), 2)
     assert_equal_states(eager, sim)
     assert rows[-1]["train_loss"] == pytest.approx(eager_rows[-1]["train_loss"], rel=1e-9)
@@ -83,3 +107,104 @@ def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
     compiled, _, _ = compiled_run(exact_config("feddbe", executor="vectorized", engine="compiled", **hp), 2)
     assert_equal_states(eager, compiled)
     assert compiled.clients["dbe.running"].abs().sum() > 0
+
+
+def test_a_step_is_handed_the_same_tensors_marked_static_at_every_step(monkeypatch):
+    """CUDA graphs replay a step that writes into its inputs only if each written input is a tensor marked static,
+    the very object (torch's CUDA-graph trees check the mark on the object handed in). The CPU shows the
+    condition: every tensor a step writes is marked, and the same object a size, step after step and round
+    after round."""
+    handed: dict[int, list] = {}
+    call = tuner.steps.Program.__call__
+
+    def recording(self, params, opt_state, rest, *args):
+        if self.name.endswith("steps"):
+            written = [v for d in (params, opt_state) for v in d.values()] + [v for k, v in rest.items() if k.endswith("running_mean")]
+            handed.setdefault(len(args[-2]), []).append(written)
+        return call(self, params, opt_state, rest, *args)
+
+    monkeypatch.setattr(tuner.steps.Program, "__call__", recording)
+    cfg = exact_config("fedper", executor="vectorized", engine="compiled", backbone="tiny_batchnorm", join_ratio="1", batch_size=30, momentum=0.5)
+    sim, rows, _ = compiled_run(cfg, 2)
+    assert len(handed) > 1  # clients drop out: programs of several sizes
+    for calls in handed.values():
+        assert all(getattr(v, "_dynamo_static_input_type", None) for v in calls[0])
+        assert all(len(c) == len(calls[0]) and all(a is b for a, b in zip(c, calls[0])) for c in calls)
+
+
+@pytest.fixture
+def compiling_fails(monkeypatch):
+    """torch.compile's programs fail as Inductor's do on a GPU where it cannot compile, under every configuration."""
+
+    def failing(fn, device, config):
+        def program(*args):
+            raise torch._dynamo.exc.InternalTorchDynamoError("forced: this program cannot be compiled")
+
+        return program
+
+    monkeypatch.setattr(tuner.steps, "compile_program", failing)
+
+
+CHECKS = [
+    (test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_each_shape_once, {"method": "fedpac"}),
+    (test_a_compiled_run_compiles_nothing_after_its_shapes_are_known, {}),
+    (test_compiled_steps_keep_batchnorm_statistics_per_client, {}),
+    (test_the_sequential_executor_compiles_one_program_a_client_calls, {}),
+    (test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers, {}),
+    (test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step, {}),
+]
+
+
+def test_every_test_of_this_file_is_checked_against_a_failing_compile():
+    tests = {name for name, f in globals().items() if name.startswith("test_") and callable(f)}
+    exempt = {"test_every_test_of_this_file_is_checked_against_a_failing_compile", "test_each_check_fails_when_compiling_fails",
+              "test_a_step_is_handed_the_same_tensors_marked_static_at_every_step",  # it counts the handed tensors, not the result
+              "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off", "test_where_nothing_compiles_the_run_goes_on_eager_and_says_so"}  # fmt: skip
+    assert tests - exempt == {f.__name__ for f, _ in CHECKS}
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[f.__name__ for f, _ in CHECKS])
+def test_each_check_fails_when_compiling_fails(check, compiling_fails):
+    """The run goes on eager with the same numbers, so each check above must fail on what ran, not on a number."""
+    test, args = check
+    with pytest.raises(AssertionError, match="went on eager|nothing ran compiled"):
+        test(**args)
+
+
+def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(monkeypatch, capfd):
+    """Inductor's scheduler fails as it does on CUDA with torch 2.11 (an assertion in loop reordering after fusion,
+    which a CPU never runs: here it is made to): the run compiles again without it, says so in one line, and
+    runs compiled, equal to eager."""
+    fuse = torch._inductor.scheduler.Scheduler.fuse_nodes
+
+    def failing_with_loop_ordering(self, nodes):
+        assert not torch._inductor.config.loop_ordering_after_fusion, "isinstance(snode, SchedulerNode)"
+        return fuse(self, nodes)
+
+    monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_with_loop_ordering)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # compile for real: no program from the caches
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    torch._dynamo.reset()
+    cfg = dict(partition="iid", clients=2, join_ratio="1", val_frac=0.0)
+    sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
+    assert_compiled_ran(sim, rows, config=1)
+    assert sim.executor.ran.retries == 1  # the first program failed once; the rest compiled under the second configuration at once
+    eager, _ = run_rounds(exact_config("fedavg", executor="vectorized", engine="eager", **cfg), 1)
+    assert_equal_states(eager, sim)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
+    assert said == [f"Compiling FedAvg's steps failed under torch's default Inductor configuration (InductorError: AssertionError: "
+                    f"isinstance(snode, SchedulerNode)); compiling again with loop ordering after fusion off."]  # fmt: skip
+
+
+def test_where_nothing_compiles_the_run_goes_on_eager_and_says_so(compiling_fails, tmp_path, capfd):
+    """Each configuration is tried once, then the run goes on eager: each round's `engine` and config.yaml say so."""
+    cfg = exact_config("fedavg", executor="vectorized", engine="compiled", rounds=2).resolved()
+    sim = run(cfg, tmp_path / "run")
+    ran = sim.executor.ran
+    assert ran.compiled_steps == ran.compiled_batches == 0 and ran.eager_steps > 0 and "forced" in ran.failed
+    assert list(pd.read_parquet(tmp_path / "run/metrics.parquet")["engine"]) == ["eager", "eager"]
+    assert RunConfig(**yaml.safe_load((tmp_path / "run/config.yaml").read_text())).engine == "eager"  # what ran, and what a resume runs
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
+    failure = "InternalTorchDynamoError: forced: this program cannot be compiled"
+    assert said == [f"Compiling FedAvg's steps failed under torch's default Inductor configuration ({failure}); compiling again with loop ordering after fusion off.",
+                    f"Compiling FedAvg's programs failed ({failure}); the run goes on with engine=eager."]  # fmt: skip

@@ -166,6 +166,7 @@ class Simulation:
     def step(self) -> dict:
         """Run one round and return its metrics row."""
         t0 = time.perf_counter()
+        ran = self.executor.ran.copy()
         rnd = self.round + 1
         s = self.settings
         ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds)
@@ -189,6 +190,7 @@ class Simulation:
             row.update(self.evaluate())
         self.best_acc = max(self.best_acc, row.get("acc", -math.inf))
         row["best_acc"] = self.best_acc if self.best_acc > -math.inf else math.nan
+        row["engine"] = self.executor.ran.since(ran)  # what ran: compiled, or eager (asked for, or after compiling failed)
         row["time_s"] = time.perf_counter() - t0
         self.history.append(row)
         return row

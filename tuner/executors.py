@@ -13,7 +13,6 @@ to eager."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -27,7 +26,7 @@ from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
 from tuner.draws import augment_seed, batch_schedule, draw_keys
 from tuner.errors import OutOfMemory, UserError
-from tuner.steps import CHUNKS, CompiledStep, EagerStep, compile_errors, compile_program, pure_step
+from tuner.steps import CHUNKS, CompiledStep, EagerStep, Program, Ran, compile_errors, first_line, pure_step, say
 
 EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
@@ -81,6 +80,7 @@ class Executor:
         self.compiled: dict[tuple, CompiledStep] = {}
         self.summing: dict[str, Callable] = {}  # compiled evaluation programs, by hook
         self.summing_shapes: dict[str, set] = {}  # ... and the shapes they ran
+        self.ran = Ran()
 
     def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
         """fn applied to each row of the arguments whose in_dim is 0, stacked; row i is client `at.clients[i]`
@@ -137,7 +137,7 @@ class Executor:
         """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
         program each round would recompile (tests count the compilations)."""
         grad = self._step_loss(phase)
-        eager = lambda: EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase)  # noqa: E731
+        eager = lambda: EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase, self.ran)  # noqa: E731
         if self.settings.engine == "eager":
             return eager()
         key = (phase, tuple(trains))
@@ -147,7 +147,7 @@ class Executor:
                 self.compile_failed(error)
                 return eager()
 
-            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, fallback)
+            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, fallback, self.ran)
         return self.compiled[key]
 
     pads: bool = True  # compiled programs run a stack of clients, padded (else one client's shape)
@@ -155,12 +155,16 @@ class Executor:
     def compile(self, grad: Callable, phase: Phase) -> Callable:
         raise NotImplementedError
 
+    def program(self, fn: Callable, what: str) -> Program:
+        """fn as a compiled program of the run (its failures and what it ran counted in `ran`)."""
+        return Program(fn, self.data.train.y.device, self.ran, f"{type(self.method).__name__}'s {what}")
+
     def compile_failed(self, error: Exception) -> None:
-        """A program could not be compiled: the run goes on eager, saying so once; an optimisation never fails a run."""
+        """No Inductor configuration compiled a program: the run goes on eager, saying so once; an optimisation
+        never fails a run."""
         if self.settings.engine == "compiled":
-            reason = (str(error).strip().splitlines() or [""])[0][:200]
-            print(f"Compiling {type(self.method).__name__}'s steps failed ({type(error).__name__}: {reason}); the run goes on with engine=eager.",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            self.ran.failed = first_line(error)
+            say(f"Compiling {type(self.method).__name__}'s programs failed ({self.ran.failed}); the run goes on with engine=eager.")
             self.settings.engine = "eager"
 
     def shapes_compiled(self) -> int:
@@ -218,13 +222,16 @@ class Executor:
                 tensors = CHUNKS.take(cohort, len(order), depth)
                 for k, v in cohort.items():
                     torch.index_select(v, 0, order_t, out=tensors[k])
-                params = {k: tensors[k] for k in keys}
-                rest = {k: v for k, v in tensors.items() if k not in params}
-                opt_state = CHUNKS.take(phase.optimizer.init(params), len(order), depth, f"optimizer {p_idx}", copy=True)
+                CHUNKS.take(phase.optimizer.init({k: tensors[k] for k in keys}), len(order), depth, f"optimizer {p_idx}", copy=True)
                 chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
                 step = self.step(phase, keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
-                self.run_steps(step, active, (params, opt_state, rest), server, index, aug, key, chunk_loss)
-                for k, v in {**params, **rest}.items():
+
+                def chunk_rows(rows: int) -> tuple[State, State, State]:  # the same tensors at every step: static for CUDA graphs
+                    state = CHUNKS.view("state", rows)
+                    return {k: state[k] for k in keys}, CHUNKS.view(f"optimizer {p_idx}", rows), {k: v for k, v in state.items() if k not in keys}
+
+                self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss)
+                for k, v in tensors.items():
                     cohort[k][order_t] = v
                 losses[order_t] += chunk_loss
                 steps[order_t] += torch.tensor(n_steps, dtype=steps.dtype, device=device)
@@ -232,14 +239,16 @@ class Executor:
             self.chunked(len(ids), run_chunk)
         return (losses / steps.clamp(min=1)).cpu()
 
-    def run_steps(self, step, active: list[int], chunk: tuple[State, State, State], server: State, index, aug, key, chunk_loss) -> None:
+    def run_steps(self, step, active: list[int], chunk_rows: Callable[[int], tuple[State, State, State]], server: State, index, aug, key,
+                  chunk_loss) -> None:  # fmt: skip
         """The chunk's steps: step t trains its `active[t]` first rows (padded for a compiled step) on their rows
-        of the schedule; the chunk's tensors are updated in place, each client's losses summed in chunk_loss."""
+        of the schedule; the chunk's tensors (`chunk_rows(rows)`: parameters, optimizer state, the rest) are
+        updated in place, each client's losses summed in chunk_loss."""
         total, views = len(chunk_loss), {}
         for t, a in enumerate(active):
             rows = step.rows(a, total)
-            if rows not in views:  # views of the chunk's first rows, made once a size: updates land in the chunk
-                views[rows] = [{k: v[:rows] for k, v in d.items()} for d in chunk]
+            if rows not in views:
+                views[rows] = chunk_rows(rows)
             params, opt_state, rest = views[rows]
             idx = index[:rows, t]
             x = self._inputs(idx, None if aug is None else aug[:rows, t])
@@ -257,21 +266,24 @@ class Executor:
         if self.settings.engine == "eager":
             return mapped, False
         if hook not in self.summing:
-            self.summing[hook] = self.compile_summing(fn)
+            self.summing[hook] = self.compile_summing(fn, hook)
         program, shapes = self.summing[hook], self.summing_shapes.setdefault(hook, set())
 
         def summed(state, server, x, y, w):
             if self.settings.engine == "compiled":  # until a program fails to compile
                 shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))  # one program each: (clients, samples), or one client's
                 try:
-                    return program(state, server, x, y, w)
+                    out = program(state, server, x, y, w)
+                    self.ran.compiled_batches += 1
+                    return out
                 except compile_errors() as e:
                     self.compile_failed(e)
+            self.ran.eager_batches += 1
             return mapped(state, server, x, y, w)
 
         return summed, self.pads
 
-    def compile_summing(self, fn: Callable) -> Callable:
+    def compile_summing(self, fn: Callable, hook: str) -> Callable:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -337,10 +349,10 @@ class SequentialExecutor(Executor):
 
     def compile(self, grad, phase):
         """One program of one client's shapes, called client by client (no padding needed)."""
-        return self.one_by_one(compile_program(pure_step(grad, phase, self.method.updated_in_place), self.data.train.y.device), server_at=3)
+        return self.one_by_one(self.program(pure_step(grad, phase, self.method.updated_in_place), "steps"), server_at=3)
 
-    def compile_summing(self, fn):
-        return self.one_by_one(compile_program(fn, self.data.train.y.device), server_at=1)
+    def compile_summing(self, fn, hook):
+        return self.one_by_one(self.program(fn, hook), server_at=1)
 
     @staticmethod
     def one_by_one(program: Callable, server_at: int) -> Callable:
@@ -375,11 +387,10 @@ class VectorizedExecutor(Executor):
         return refusing_draws
 
     def compile(self, grad, phase):
-        program = pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place)
-        return compile_program(program, self.data.train.y.device)
+        return self.program(pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place), "steps")
 
-    def compile_summing(self, fn):
-        return compile_program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), self.data.train.y.device)
+    def compile_summing(self, fn, hook):
+        return self.program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), hook)
 
 
 def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:

@@ -221,6 +221,9 @@ def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested
     try:
         while sim.round < cfg.rounds and not stop_requested():
             row = sim.step()
+            if cfg.engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
+                cfg = replace(cfg, engine=sim.settings.engine)
+                run_dir.write_config(cfg)
             if on_round:
                 on_round(row)
             if sim.round % cfg.checkpoint_every == 0:

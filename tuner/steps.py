@@ -1,29 +1,117 @@
 """How a training step runs (`engine`): `eager`, the reference, updates the active prefix of a chunk in place;
 `compiled` runs the whole step (forward, backward, the optimizer's update written into the chunk) as one
 torch.compile'd program of fixed shapes, the active clients padded to a power of two (so a run compiles at most
-log2(cohort) + 1 programs a phase, and none twice), on CUDA as CUDA graphs. A chunk trains in buffers kept for
-the process (`ChunkBuffers`), so its tensors keep their addresses from step to step and trial to trial. The
-executors (tuner/executors.py) choose a step and run it over the cohort."""
+log2(cohort) + 1 programs a phase, and none twice), on CUDA with CUDA graphs asked for. A chunk trains in buffers
+kept for the process (`ChunkBuffers`), and a program is handed the very tensors marked static, made once a size,
+so their addresses stay fixed from step to step and trial to trial: CUDA graphs accept in-place writes only into
+such tensors. A program that fails to compile is compiled again under a safer Inductor configuration, then left
+to eager (`Program`); `Ran` counts what ran. The executors (tuner/executors.py) choose a step and run it over the
+cohort."""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
+from torch._dynamo.utils import counters
 
 from algorithms.base import Phase, State
+
+# Inductor configurations a program is compiled under, in turn, until one compiles. Loop reordering after fusion
+# runs on GPUs only, and there torch 2.11's scheduler fails for most methods' steps (`reorder_loops_by_dep_pair`:
+# `assert isinstance(snode, SchedulerNode)`; docs/performance.md, "On a GPU"); with it off they compile.
+INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
+    ("torch's default Inductor configuration", {}),
+    ("loop ordering after fusion off", {"loop_ordering_after_fusion": False}),
+)
+
+
+@dataclass
+class Ran:
+    """What a run's engine did, counted as it ran: each round's `engine` column, the tests and the benches read it,
+    so that a figure labelled compiled is never an eager run's."""
+
+    compiled_steps: int = 0  # training steps a compiled program ran
+    eager_steps: int = 0  # ... that ran eagerly (engine=eager, or after compiling failed)
+    compiled_batches: int = 0  # evaluation and statistics batches, likewise
+    eager_batches: int = 0
+    programs: int = 0  # programs dynamo compiled while this run's programs were called
+    config: int = 0  # the Inductor configuration (INDUCTOR_CONFIGS) the run compiles under now
+    retries: int = 0  # compiles that failed and were tried again under the next configuration
+    failed: str = ""  # why compiling failed under every configuration (the run went on eager); "" if it did not
+    graph_calls: int = 0  # calls of programs that run as CUDA graphs (each shape's first two warm up and record; the rest replay)
+    graph_skips: int = 0  # programs CUDA graphs refused (Inductor's count: mutated inputs it does not own, CPU tensors, ...)
+    skip_reasons: list[str] = field(default_factory=list)
+
+    def since(self, earlier: "Ran") -> str:
+        """How the work counted since `earlier` ran, in a word or three (a round's `engine` column)."""
+        compiled = self.compiled_steps + self.compiled_batches - earlier.compiled_steps - earlier.compiled_batches
+        eager = self.eager_steps + self.eager_batches - earlier.eager_steps - earlier.eager_batches
+        label = "compiled" if self.config == 0 else f"compiled, {INDUCTOR_CONFIGS[self.config][0]}"
+        if compiled and eager:
+            return f"{label}, then eager"
+        return label if compiled else "eager"
+
+    def copy(self) -> "Ran":
+        return replace(self, skip_reasons=list(self.skip_reasons))
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+class Program:
+    """`fn` compiled with fixed shapes (a new shape is a new program of the same wrapper), on CUDA with CUDA graphs,
+    under the run's Inductor configuration (`ran.config`). A compile that fails is tried again under the next
+    configuration, which the run keeps for its later programs; after the last, the error is raised to the caller,
+    which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
+
+    def __init__(self, fn: Callable, device: torch.device, ran: Ran, name: str):
+        self.fn, self.device, self.ran, self.name = fn, device, ran, name
+        self.config: int | None = None
+        self.compiled: Callable | None = None
+        self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
+
+    def __call__(self, *args):
+        while True:
+            if self.config != self.ran.config:
+                self.config = self.ran.config
+                self.compiled = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[self.config][1])
+            programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+            try:
+                out = self.compiled(*args)
+            except compile_errors() as e:  # nothing was written yet: a failed compile runs nothing
+                if self.config + 1 == len(INDUCTOR_CONFIGS):
+                    raise
+                self.ran.config, self.ran.retries = self.config + 1, self.ran.retries + 1
+                say(f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[self.config][0]} ({first_line(e)}); "
+                    f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}.")  # fmt: skip
+                continue
+            self.ran.programs += counters["stats"]["unique_graphs"] - programs
+            if counters["inductor"]["cudagraph_skips"] > skips:
+                self.graphed = False
+                self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
+            self.ran.graph_calls += self.graphed
+            return out
 
 
 class EagerStep:
     """The reference step: the active prefix of the chunk's tensors, updated in place."""
 
-    def __init__(self, grad: Callable, phase: Phase):
-        self.grad, self.optimizer, self.project = grad, phase.optimizer, phase.project
+    def __init__(self, grad: Callable, phase: Phase, ran: Ran):
+        self.grad, self.optimizer, self.project, self.ran = grad, phase.optimizer, phase.project, ran
 
     def rows(self, active: int, total: int) -> int:
         return active
 
     def __call__(self, params: State, opt_state: State, rest: State, server: State, x, y, active: int) -> torch.Tensor:
+        self.ran.eager_steps += 1
         g, loss = self.grad(params, rest, server, x, y)
         self.optimizer.step(params, g, opt_state)
         if self.project is not None:
@@ -54,12 +142,14 @@ def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> 
 
 
 class CompiledStep:
-    """The step as compiled programs of fixed shapes, one per number of rows, updating the chunk in place.
-    A program that fails to compile hands the step to `fallback` (Executor.compile_failed: the run goes on eager)."""
+    """The step as a compiled `Program` of fixed shapes (or the sequential executor's calls of one), one per number
+    of rows, updating the chunk in place.
+    Where no Inductor configuration compiles it, it hands the step to `fallback` (Executor.compile_failed: the
+    run goes on eager)."""
 
-    def __init__(self, program: Callable, pad: bool, fallback: Callable):
-        self.program, self.pad, self.fallback = program, pad, fallback
-        self.eager: Callable | None = None  # the step that took over after a failed compile
+    def __init__(self, program: Callable, pad: bool, fallback: Callable, ran: Ran):
+        self.program, self.pad, self.fallback, self.ran = program, pad, fallback, ran
+        self.eager: EagerStep | None = None  # the step that took over after a failed compile
         self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
 
     def rows(self, active: int, total: int) -> int:
@@ -72,7 +162,9 @@ class CompiledStep:
             self.masks[key] = torch.arange(rows, device=y.device) < active
         if self.eager is None:
             try:
-                return self.program(params, opt_state, rest, server, x, y, self.masks[key])
+                loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
+                self.ran.compiled_steps += 1
+                return loss
             except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
                 self.eager = self.fallback(e)
         head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
@@ -95,16 +187,19 @@ def compile_errors() -> tuple[type[Exception], ...]:
 
 
 class ChunkBuffers:
-    """The tensors a chunk trains in, one buffer a state key as deep as the federation, kept for the process:
-    a step reads and writes them where they are, so their addresses stay fixed from step to step, round to
-    round and trial to trial (a sweep's trials share a worker), and a CUDA graph copies none of them in or out
-    (they are marked static). A group's buffers of other keys or shapes (another run's) are dropped."""
+    """The tensors a chunk trains in, one buffer a state key as deep as the federation, kept for the process, and
+    views of their first rows, made once a number of rows and marked static: a step is handed these very tensors,
+    so their addresses stay fixed from step to step, round to round and trial to trial (a sweep's trials share a
+    worker), and CUDA graphs may write into them (graph trees accept in-place writes only into inputs marked
+    static, checked on the tensor object: a slice made anew is another object, without the mark). A group's
+    buffers of other keys or shapes (another run's) are dropped with their views."""
 
     def __init__(self):
         self.groups: dict[str, State] = {}
+        self.views: dict[str, dict[int, State]] = {}
 
     def take(self, like: State, rows: int, depth: int, group: str = "state", copy: bool = False) -> State:
-        """Views of the first `rows` rows of the group's buffers shaped like `like`'s tensors (rows of clients),
+        """The group's first `rows` rows (`view`), its buffers shaped like `like`'s tensors (rows of clients),
         holding `like`'s values if `copy`."""
         old, new = self.groups.get(group, {}), {}
         for k, v in like.items():
@@ -112,21 +207,31 @@ class ChunkBuffers:
             if buffer is None or buffer.shape != (depth, *v.shape[1:]) or buffer.dtype != v.dtype or buffer.device != v.device:
                 buffer = torch.empty((depth, *v.shape[1:]), dtype=v.dtype, device=v.device)
             new[k] = buffer
+        if new.keys() != old.keys() or any(new[k] is not old[k] for k in new):
+            self.views[group] = {}
         self.groups[group] = new
-        out = {k: b[:rows] for k, b in new.items()}
-        for k, v in out.items():
-            if v.is_cuda:  # the view is the program's input: mark it, not only its base
-                torch._dynamo.mark_static_address(v, guard=False)
-            if copy:
+        out = self.view(group, rows)
+        if copy:
+            for k, v in out.items():
                 v.copy_(like[k])
         return out
+
+    def view(self, group: str, rows: int) -> State:
+        """The first `rows` rows of the group's buffers: the same tensor objects at every call, marked static."""
+        views = self.views.setdefault(group, {})
+        if rows not in views:
+            views[rows] = {k: b[:rows] for k, b in self.groups[group].items()}
+            for v in views[rows].values():
+                torch._dynamo.mark_static_address(v, guard=False)  # a new address re-records a graph; it never recompiles
+        return views[rows]
 
 
 CHUNKS = ChunkBuffers()
 
 
-def compile_program(fn: Callable, device: torch.device) -> Callable:
-    """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one); CUDA graphs on a GPU.
+def compile_program(fn: Callable, device: torch.device, config: dict) -> Callable:
+    """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one), under the Inductor
+    configuration `config`; CUDA graphs on a GPU (what mode="reduce-overhead" asks for).
 
     Every program of every run shares one code object (pure_step's, or vmap's), and a process running many
     trials of several methods keeps a program per method, phase and padded shape, so dynamo's limit of 8
@@ -134,4 +239,4 @@ def compile_program(fn: Callable, device: torch.device) -> Callable:
     torch._dynamo.config.recompile_limit = 1024
     torch._dynamo.config.accumulated_recompile_limit = 4096
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
+    return torch.compile(fn, dynamic=False, options={"triton.cudagraphs": device.type == "cuda", **config})
