@@ -51,6 +51,8 @@ def trial_seconds(rounds: int = 4, **settings) -> dict:
     for _ in range(rounds - 1):
         sim.step()
     steady = (time.perf_counter() - t0) / (rounds - 1)
+    if why := sim.executor.ran.not_compiled():  # never an eager run's time as a compiled trial's
+        raise RuntimeError(f"the compiled trial {why}")
     return {"compile s": max(0.0, first - steady), "s/round": steady, "programs": counters["stats"]["unique_graphs"] - before}
 
 
@@ -152,7 +154,7 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
 
     out = {}
     for size, fn in ((1, one), (k, window)):
-        program = steps.compile_program(fn, sim.data.train.y.device)
+        program = steps.compile_program(fn, sim.data.train.y.device, {})
         calls = [index[:, t : t + size] for t in range(0, steps, size)]
         data = [(sim.data.decode(sim.data.train.x[c]), sim.data.train.y[c]) for c in calls]
         args = lambda x, y: (params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active)  # noqa: E731

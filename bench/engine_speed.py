@@ -15,7 +15,12 @@ warm-up round that compiles every program the round needs:
 - recompiles           programs compiled during the timed rounds (must be 0);
 - compile              the compiled run's first round (its compiling included), and a second trial's
                        (other lr and seed: the same programs, so none compiled);
-- whole round          compiled, with every client's evaluation (the papers evaluate every round).
+- whole round          compiled, with every client's evaluation (the papers evaluate every round);
+- what ran             the compiled run's programs, the Inductor configuration they compiled under,
+                       and the calls CUDA graphs ran and the programs they refused (on CUDA).
+
+A compiled figure is taken only from a run whose every step and batch ran compiled: a run that went on
+eager (compiling failed) stops the method's measurement with the reason, never a number labelled compiled.
 
 Also `--sequential` times the sequential executor (the reference, slow). Usage:
     python bench/engine_speed.py [--methods fedavg gpfl fedcp fedpac] [--rounds 2] [--device auto]
@@ -34,8 +39,8 @@ from torch._dynamo.utils import counters
 from torch.func import grad_and_value
 
 from tuner.config import RunConfig
-from tuner.executors import compile_program
 from tuner.run import build_simulation
+from tuner.steps import INDUCTOR_CONFIGS, compile_program
 
 TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
     "fedavg": dict(partition="dir:0.1"),
@@ -57,7 +62,8 @@ def synchronizer(sim):
 
 
 def seconds_per_round(sim, rounds: int) -> tuple[float, float, int]:
-    """(warm-up round's seconds, timed seconds per round, programs compiled during the timed rounds)."""
+    """(warm-up round's seconds, timed seconds per round, programs compiled during the timed rounds); `rounds` 0
+    times the warm-up round alone."""
     sync = synchronizer(sim)
     t0 = time.perf_counter()
     sim.step()
@@ -68,7 +74,7 @@ def seconds_per_round(sim, rounds: int) -> tuple[float, float, int]:
     for _ in range(rounds):
         sim.step()
     sync()
-    return warm, (time.perf_counter() - t0) / rounds, counters["stats"]["unique_graphs"] - compiled
+    return warm, (time.perf_counter() - t0) / max(rounds, 1), counters["stats"]["unique_graphs"] - compiled
 
 
 def _sgd_program(sim):
@@ -79,7 +85,7 @@ def _sgd_program(sim):
         g, _ = grad(params, x, y)
         return {k: v - lr * g[k] for k, v in params.items()}
 
-    return compile_program(step, sim.data.train.y.device)
+    return compile_program(step, sim.data.train.y.device, INDUCTOR_CONFIGS[-1][1])  # the configuration every method compiles under
 
 
 def ceiling_seconds(sim, rounds: int) -> float:
@@ -124,21 +130,38 @@ def chain_bound_seconds(sim, repeats: int = 50) -> float:
     return longest * (time.perf_counter() - t0) / repeats
 
 
+class NotCompiled(RuntimeError):
+    """A run asked to compile went on eager (or part of it did): its times are not the compiled engine's."""
+
+
+def compiled_only(sim, what: str):
+    """sim, once every step and batch it ran was compiled; else NotCompiled with what ran instead."""
+    if why := sim.executor.ran.not_compiled():
+        raise NotCompiled(f"{what} {why}")
+    return sim
+
+
+def what_ran(sim) -> dict:
+    ran = sim.executor.ran
+    return {"programs": ran.programs, "inductor": INDUCTOR_CONFIGS[ran.config][0], "compile retries": ran.retries,
+            "graph calls": ran.graph_calls, "graph skips": ran.graph_skips}  # fmt: skip
+
+
 def measure(method: str, device: str, rounds: int, sequential: bool = False, **settings) -> dict:
     out: dict = {}
     cfg = table1(method, device, **settings)
-    for engine in ("eager", "compiled"):
-        warm, s, recompiles = seconds_per_round(build_simulation(replace(cfg, engine=engine)), rounds)
-        out[f"{engine} s/round"] = s
-        if engine == "compiled":
-            out |= {"compile + first round s": warm, "recompiles": recompiles}
-    before = counters["stats"]["unique_graphs"]  # a sweep's next trial: other numbers, the same programs
-    out["second trial: compile + first round s"] = seconds_per_round(build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1)), 1)[0]
-    out["second trial programs"] = counters["stats"]["unique_graphs"] - before
+    out["eager s/round"] = seconds_per_round(build_simulation(replace(cfg, engine="eager")), rounds)[1]
+    sim = build_simulation(replace(cfg, engine="compiled"))
+    warm, out["compiled s/round"], recompiles = seconds_per_round(sim, rounds)
+    out |= {"compile + first round s": warm, "recompiles": recompiles, **what_ran(compiled_only(sim, f"{method}'s compiled run"))}
+    second = build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1))  # a sweep's next trial: other numbers, the same programs
+    out["second trial: compile + first round s"] = seconds_per_round(second, 0)[0]
+    out["second trial programs"] = compiled_only(second, f"{method}'s second trial").executor.ran.programs
     if sequential:
         out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
-    out["compiled whole round s"] = seconds_per_round(build_simulation(replace(cfg, engine="compiled", eval_gap=1)), rounds)[1]  # with evaluation
-    sim = build_simulation(replace(cfg, engine="compiled"))
+    whole = build_simulation(replace(cfg, engine="compiled", eval_gap=1))  # with evaluation
+    out["compiled whole round s"] = seconds_per_round(whole, rounds)[1]
+    compiled_only(whole, f"{method}'s compiled run with evaluation")
     out["eager / compiled"] = out["eager s/round"] / out["compiled s/round"]
     out["chain bound s"] = chain_bound_seconds(sim)
     out["% of chain bound"] = 100 * out["chain bound s"] / out["compiled s/round"]
@@ -164,14 +187,19 @@ def main() -> None:
     print(f"Table 1 settings, training only, {args.rounds} timed rounds after a warm-up, on {device_name(args.device)}")
     results = {}
     for method in args.methods:
-        results[method] = r = measure(method, args.device, args.rounds, args.sequential)
+        try:
+            results[method] = r = measure(method, args.device, args.rounds, args.sequential)
+        except NotCompiled as e:
+            results[method] = {"not compiled": str(e)}
+            print(f"  {method:<7} no compiled figure: {e}", flush=True)
+            continue
         line = f"  {method:<7} eager {r['eager s/round']:.3f}  compiled {r['compiled s/round']:.3f} s/round  ({r['eager / compiled']:.2f}x)"
         line += f"  {r['% of chain bound']:.0f} % of the chain bound ({r['chain bound s']:.3f} s)"
         if "% of ceiling" in r:
             line += f"  {r['% of ceiling']:.0f} % of the ceiling ({r['ceiling s/round']:.3f} s)"
         line += f"  recompiles {r['recompiles']}  compile + first round {r['compile + first round s']:.0f} s"
         line += f" (a second trial {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs)"
-        line += f"  whole round {r['compiled whole round s']:.3f} s"
+        line += f"  whole round {r['compiled whole round s']:.3f} s  ({r['programs']} programs, {r['inductor']}; CUDA graphs: {r['graph calls']} calls, {r['graph skips']} skipped)"
         print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -41,6 +41,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -55,8 +56,9 @@ sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 from algorithms import METHODS  # noqa: E402
 from bench.campaign.real_run import COLUMNS, real_run  # noqa: E402
 from bench.campaign.sharing import sharing  # noqa: E402
-from bench.campaign.speed import profile, speed  # noqa: E402
+from bench.campaign.speed import SPEED_METHODS, profile, speed  # noqa: E402
 from bench.campaign.summary import summary_markdown  # noqa: E402
+from bench.engine_speed import what_ran  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
 
@@ -69,11 +71,10 @@ EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (t
 
 class Campaign:
     """The campaign's budget and bookkeeping, and the stages of its own (environment, correctness); the others
-    are in bench/campaign/, a module each."""
+    are in bench/campaign/, a module each. `shares`: each stage's share of the budget (bench/gpu_check.py's own)."""
 
-
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, args, shares: dict[str, float] = SHARES):
+        self.args, self.shares = args, shares
         self.out = Path(args.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
@@ -81,9 +82,9 @@ class Campaign:
         self.start = time.monotonic()
         self.end = self.start + 60 * args.budget_min
         self.stages = [name.strip().replace("-", " ") for name in args.stages.split(",")]
-        unknown = [name for name in self.stages if name not in SHARES]
+        unknown = [name for name in self.stages if name not in shares]
         if unknown:
-            raise SystemExit(f"Unknown stage {unknown[0]!r}; choose from {', '.join(n.replace(' ', '-') for n in STAGES)}.")
+            raise SystemExit(f"Unknown stage {unknown[0]!r}; choose from {', '.join(n.replace(' ', '-') for n in shares)}.")
         path = self.out / "campaign.json"
         self.results: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}  # what earlier commands found
         self.knee = self.results.get("sharing", {}).get("best_k", 1)
@@ -93,7 +94,7 @@ class Campaign:
         return self.end - time.monotonic()
 
     def stage(self, name: str, fn) -> None:
-        share = SHARES[name] / sum(SHARES[n] for n in self.stages if n in SHARES) if name in self.stages else SHARES[name]
+        share = self.shares[name] / sum(self.shares[n] for n in self.stages)
         deadline = time.monotonic() + share * 60 * self.args.budget_min
         deadline = min(self.end, deadline) if name != self.stages[-1] else self.end  # the last stage takes what is left
         self.earlier = self.results.get(name, {})
@@ -138,6 +139,7 @@ class Campaign:
         else:
             env |= {"name": f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"}
         env["packages"] = {name: _version(name) for name in PACKAGES}
+        env["commit"] = _commit()
         missing = [n for n in ("cvxpy", "pandas", "pyarrow") if env["packages"][n] is None]
         env["line"] = f"{env['name']}, torch {env['torch']}, CUDA {env['cuda']}" + (f"; missing {', '.join(missing)}" if missing else "")
         return env
@@ -149,33 +151,15 @@ class Campaign:
         label = "executors equal" + ("" if engine == "eager" else f" ({engine})")
         checks = {}
         for m in methods:
-            checks[f"{label}: {m}"] = _check(deadline, lambda m=m: self.executors_equal(self.digits(m, engine=engine)))
+            checks[f"{label}: {m}"] = _check(deadline, lambda m=m: executors_equal(self.digits(m, engine=engine), self.device))
             self.progress({"checks": checks, **_verdict(checks)})
         resnet = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
         if self.args.smoke:
             # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
             resnet |= dict(clients=4, join_ratio="0.5", partition="pac:20", pac_train=60, pac_test=20, batch_size=30)
-        checks["ResNet-18 BatchNorm under vmap"] = _check(deadline, lambda: self.executors_equal(self.digits("fedper", **resnet), rounds=1))
+        checks["ResNet-18 BatchNorm under vmap"] = _check(deadline, lambda: executors_equal(self.digits("fedper", engine=engine, **resnet), self.device, rounds=1))
         checks["exact resume on the device"] = _check(deadline, self.exact_resume)
         return {"checks": checks, **_verdict(checks)}
-
-    def executors_equal(self, cfg: RunConfig, rounds: int = 2) -> dict:
-        """Vectorized on the campaign's device against sequential on the CPU: parameters and metrics."""
-        seq = build_simulation(replace(cfg, executor="sequential", device="cpu", engine="eager"))
-        vec = build_simulation(replace(cfg, executor="vectorized", device=self.device))
-        rows = [(seq.step(), vec.step()) for _ in range(rounds)]
-        worst = 0.0
-        for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
-            for k in a:
-                other = b[k].cpu()
-                torch.testing.assert_close(other, a[k], **EXACT, msg=lambda s, k=k: f"{k}: {s}")
-                if a[k].is_floating_point():
-                    worst = max(worst, (other - a[k]).abs().max().item() if a[k].numel() else 0.0)
-        for r_seq, r_vec in rows:
-            assert r_seq["clients"] == r_vec["clients"], "different cohorts"
-            for key in ("acc", "train_loss", "test_loss"):
-                assert abs(r_seq[key] - r_vec[key]) <= 1e-9 * max(1.0, abs(r_seq[key])), f"{key}: {r_seq[key]} vs {r_vec[key]}"
-        return {"max_abs_difference": worst}
 
     def exact_resume(self) -> dict:
         """Three rounds straight against one round, a saved and restored state, and two more, on the device."""
@@ -194,6 +178,38 @@ class Campaign:
         for k in straight.clients:
             assert torch.equal(straight.clients[k], resumed.clients[k]), f"{k} differs after resume"
         return {"rounds": 3}
+
+
+def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
+    """Vectorized on `device` against sequential on the CPU: parameters and metrics; a run asked to compile must
+    have run every step and batch compiled."""
+    seq = build_simulation(replace(cfg, executor="sequential", device="cpu", engine="eager"))
+    vec = build_simulation(replace(cfg, executor="vectorized", device=device))
+    rows = [(seq.step(), vec.step()) for _ in range(rounds)]
+    if cfg.engine == "compiled":  # an eager run gives the same numbers: equality alone would not show the compiled path
+        assert not (why := vec.executor.ran.not_compiled()), f"the compiled run {why}"
+    worst = 0.0
+    for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
+        for k in a:
+            other = b[k].cpu()
+            torch.testing.assert_close(other, a[k], **EXACT, msg=lambda s, k=k: f"{k}: {s}")
+            if a[k].is_floating_point():
+                worst = max(worst, (other - a[k]).abs().max().item() if a[k].numel() else 0.0)
+    for r_seq, r_vec in rows:
+        assert r_seq["clients"] == r_vec["clients"], "different cohorts"
+        for key in ("acc", "train_loss", "test_loss"):
+            assert abs(r_seq[key] - r_vec[key]) <= 1e-9 * max(1.0, abs(r_seq[key])), f"{key}: {r_seq[key]} vs {r_vec[key]}"
+    return {"max_abs_difference": worst, **(what_ran(vec) if cfg.engine == "compiled" else {})}
+
+
+def _commit() -> str:
+    """The checkout's commit, with "+changes" where its tracked files differ from it ("" outside a git checkout)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+changes" if dirty else "")
 
 
 def _version(name: str) -> str | None:
@@ -231,6 +247,7 @@ def main() -> None:
     ap.add_argument("--stages", default=",".join(s.replace(" ", "-") for s in STAGES), help="which stages this command runs, comma-separated")
     ap.add_argument("--methods", nargs="+", help="the methods the correctness stage checks (default: all)")
     ap.add_argument("--engine", default="eager", choices=["eager", "compiled"], help="the engine the correctness stage checks on the device")
+    ap.add_argument("--speed-methods", nargs="+", default=SPEED_METHODS, help="the methods the speed stage times, in order")
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"the papers' columns the real-run stage runs, in order: {', '.join(COLUMNS)}")
     args = ap.parse_args()
     if not args.smoke and not args.data:

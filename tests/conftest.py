@@ -66,3 +66,20 @@ def spawn():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture
+def compiling_fails(monkeypatch):
+    """Every program fails to compile under every Inductor configuration, as Inductor's do where it cannot compile
+    (on a GPU, a scheduler assertion): a run goes on eager, and a check of the compiled path must then fail."""
+    import torch._dynamo.exc
+
+    import tuner.steps
+
+    def failing(fn, device, config):
+        def program(*args):
+            raise torch._dynamo.exc.InternalTorchDynamoError("forced: this program cannot be compiled")
+
+        return program
+
+    monkeypatch.setattr(tuner.steps, "compile_program", failing)

@@ -1,15 +1,18 @@
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
+import yaml
 import torch
 from torch import nn
 
 from algorithms import METHODS
-from tuner.config import RunConfig, auto_executor
+from tuner.config import CUDA_COMPILE_ROUNDS, RunConfig, auto_executor
 from tuner.data.datasets import DEBIAN_FMNIST
 from tuner.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
@@ -17,6 +20,8 @@ from tuner.models import BACKBONES, Backbone
 from tuner.run import build_simulation
 
 import simulations
+
+ROOT = Path(__file__).resolve().parents[1]
 from simulations import EXACT, assert_equal_states, exact_config, reference_run, run_rounds
 
 
@@ -208,17 +213,27 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
     assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"  # a choice overrides the rule
 
 
-def test_engine_auto_compiles_on_a_gpu_and_for_runs_long_enough_to_repay_it_on_a_cpu_and_is_recorded_resolved():
+def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only_what_was_measured_to_win_there():
     from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
 
-    assert auto_engine("cuda", 1, "mlp") == auto_engine("cuda:1", 10, "cnn4") == "compiled"
+    gpfl = CUDA_COMPILE_ROUNDS["gpfl", "cnn4"]
+    assert auto_engine("cuda", gpfl, "cnn4", "gpfl") == auto_engine("cuda:1", 2000, "cnn4", "fedcp") == "compiled"
+    assert auto_engine("cuda", gpfl - 1, "cnn4", "gpfl") == "eager"
+    assert auto_engine("cuda", 2000, "resnet18", "gpfl") == auto_engine("cuda", 2000, "cnn4", "fedpac") == "eager"  # not measured on CUDA
     mlp = CPU_COMPILE_ROUNDS["mlp"]
-    assert auto_engine("cpu", mlp - 1, "mlp") == "eager" and auto_engine("cpu", mlp, "mlp") == "compiled"
+    assert auto_engine("cpu", mlp - 1, "mlp", "gpfl") == "eager" and auto_engine("cpu", mlp, "mlp", "fedpac") == "compiled"
     cfg = RunConfig(method="fedavg", dataset="digits", rounds=20).resolved()
     assert cfg.engine == "eager" and "engine: eager" in cfg.to_yaml()  # config.yaml says what ran
     assert RunConfig(method="fedavg", dataset="digits", rounds=2000).resolved().engine == "compiled"
     assert RunConfig(method="fedavg", dataset="fmnist", backbone="cnn4", rounds=100).resolved().engine == "compiled"  # a cnn4 round repays it sooner
     assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
+
+
+def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figures():
+    """Each measured method's first round (compiling) over what a compiled round saves on the faster eager figure."""
+    figures = json.loads((ROOT / "results/gpu/compiled-engine-b9d680f/figures.json").read_text())["methods"]
+    repaid = {(m, "cnn4"): math.ceil(f["compile + first round s"] / (f["eager s/round"] - f["compiled s/round"])) for m, f in figures.items()}
+    assert CUDA_COMPILE_ROUNDS == repaid
 
 
 def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_stay_static():
@@ -231,29 +246,38 @@ def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_sta
 
 
 @pytest.mark.parametrize("method", ["gpfl", "fedrep"])  # the first program to fail: a statistics pass's, a training step's
-def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_with_one_line(method, monkeypatch, capsys):
+def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_where_results_are(method, monkeypatch, capsys, tmp_path):
+    """Tried under each Inductor configuration once, then eager: the same numbers, one line each, every round's
+    `engine` column and config.yaml (what a resume runs) saying what ran."""
     from torch._dynamo.exc import TorchDynamoException
 
-    import tuner.executors
+    import tuner.steps
+    from tuner.run import run
 
     attempts = []
 
-    def no_compiler(fn, device):
+    def no_compiler(fn, device, config):
         def fails(*args):
             attempts.append(fn)
             raise TorchDynamoException("no working C++ compiler")
 
         return fails
 
-    monkeypatch.setattr(tuner.executors, "compile_program", no_compiler)
-    cfg = digits(method, dtype="float64", executor="vectorized")
-    sim, rows = run_rounds(replace(cfg, engine="compiled"), 2)
+    monkeypatch.setattr(tuner.steps, "compile_program", no_compiler)
+    cfg = digits(method, dtype="float64", executor="vectorized", rounds=2)
+    sim = run(replace(cfg, engine="compiled").resolved(), tmp_path / "run")
     reference, reference_rows = run_rounds(replace(cfg, engine="eager"), 2)
     assert_equal_states(reference, sim)
-    assert [r["acc"] for r in rows] == [r["acc"] for r in reference_rows]
+    assert [r["acc"] for r in sim.history] == [r["acc"] for r in reference_rows]
+    assert "no working C++ compiler" in sim.executor.ran.failed and sim.executor.ran.compiled_steps == 0
+    assert list(pd.read_parquet(tmp_path / "run/metrics.parquet")["engine"]) == ["eager", "eager"]
+    assert RunConfig(**yaml.safe_load((tmp_path / "run/config.yaml").read_text())).engine == "eager"
+    name, hook = type(sim.method).__name__, "statistics" if method == "gpfl" else "steps"
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert lines == [f"Compiling {type(sim.method).__name__}'s steps failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]
-    assert len(attempts) == 1  # never tried again
+    assert lines == [f"Compiling {name}'s {hook} failed under torch's default Inductor configuration (TorchDynamoException: no working C++ compiler); "
+                     "compiling again with loop ordering after fusion off.",
+                     f"Compiling {name}'s programs failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]  # fmt: skip
+    assert len(attempts) == len(tuner.steps.INDUCTOR_CONFIGS)  # once each, never again
 
 
 def test_deterministic_algorithms_follow_each_runs_setting():

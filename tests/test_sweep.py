@@ -636,5 +636,5 @@ def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
     assert worker_rounds(cpu, 16, 50, None, two_cores) == 400
     assert worker_rounds(cpu, 16, 50, 16, {"CPU": 16}) == worker_rounds(cpu, 16, 50, 1, two_cores) / 16 == 50
     assert worker_rounds({"cpu": 1, "gpu": 0.5}, 8, 10, None, {"CPU": 16, "GPU": 1}) == 40  # two trials a GPU
-    assert auto_engine("cpu", 60, "mlp") == "eager" and auto_engine("cpu", 400, "mlp") == "compiled"
-    assert auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4") == "compiled" and auto_engine("cpu", 60, "a_users_backbone") == "eager"
+    assert auto_engine("cpu", 60, "mlp", "gpfl") == "eager" and auto_engine("cpu", 400, "mlp", "gpfl") == "compiled"
+    assert auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4", "gpfl") == "compiled" and auto_engine("cpu", 60, "a_users_backbone", "gpfl") == "eager"

@@ -63,13 +63,20 @@ def auto_executor(device: str, batch_size: int) -> str:
 CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
 
 
-def auto_engine(device: str, rounds: int, backbone: str) -> str:
+# Rounds on CUDA from which compiling repays itself, for the methods and backbones measured to compile there and win
+# (results/gpu/compiled-engine-b9d680f: one H100, torch 2.11, GPFL Table 1's setting): the first round's compiling
+# over what a round saves, with the faster eager figure. Anything not measured runs eager on CUDA.
+CUDA_COMPILE_ROUNDS = {("gpfl", "cnn4"): 17, ("fedavg", "cnn4"): 41, ("fedcp", "cnn4"): 14}
+
+
+def auto_engine(device: str, rounds: int, backbone: str, method: str) -> str:
     """Compiled where the rounds that will run its programs repay compiling them, eager elsewhere. `rounds`: a
-    run's own, or, in a sweep, those of all the trials one worker runs (they share its programs). On a GPU a step
-    of small batches is launch overhead that one captured program removes, so compiled from the first round; on
-    a CPU from the backbone's measured break-even (CPU_COMPILE_ROUNDS; docs/performance.md, "Compiling once")."""
+    run's own, or, in a sweep, those of all the trials one worker runs (they share its programs). On CUDA only
+    for the methods and backbones measured to compile and win there (CUDA_COMPILE_ROUNDS); on a CPU from the
+    backbone's measured break-even (CPU_COMPILE_ROUNDS; docs/performance.md, "Compiling once")."""
     if device.startswith("cuda"):
-        return "compiled"
+        needed = CUDA_COMPILE_ROUNDS.get((method, backbone))
+        return "compiled" if needed is not None and rounds >= needed else "eager"
     return "compiled" if rounds >= CPU_COMPILE_ROUNDS.get(backbone, max(CPU_COMPILE_ROUNDS.values())) else "eager"
 
 
@@ -138,7 +145,7 @@ class RunConfig:
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
         run["backbone"] = canonical(run["backbone"])
-        engine = auto_engine(device, self.rounds, run["backbone"]) if self.engine == "auto" else self.engine
+        engine = auto_engine(device, self.rounds, run["backbone"], canonical(self.method)) if self.engine == "auto" else self.engine
         run["normalize"] = self._normalization(dataset, run["normalize"])
         out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,
                       engine=engine, hparams=hp)._checked()  # fmt: skip

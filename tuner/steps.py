@@ -54,6 +54,15 @@ class Ran:
             return f"{label}, then eager"
         return label if compiled else "eager"
 
+    def not_compiled(self) -> str:
+        """What of the counted work did not run compiled, as a clause ("" when all of it did): a figure or a check
+        labelled compiled is refused on it."""
+        if self.failed:
+            return f"went on eager: compiling failed ({self.failed})"
+        if self.eager_steps or self.eager_batches:
+            return f"ran {self.eager_steps} steps and {self.eager_batches} batches eager"
+        return "" if self.compiled_steps or self.compiled_batches else "ran nothing compiled"
+
     def copy(self) -> "Ran":
         return replace(self, skip_reasons=list(self.skip_reasons))
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from bench.engine_speed import measure, table1
+from bench.engine_speed import NotCompiled, measure, table1, what_ran
 from tuner.run import build_simulation
 
 SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac", "pfedme", "pfedhn", "fedem"]  # the targets: Table 1 settings; the last three ≤ 3× FedAvg
@@ -16,13 +16,18 @@ SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac", "pfedme", "pfedhn", "fedem
 
 def speed(campaign, deadline: float) -> dict:
     out: dict = {}
-    for method in ["fedavg"] if campaign.args.smoke else SPEED_METHODS:  # smoke: every figure's code, once
+    for method in ["fedavg"] if campaign.args.smoke else campaign.args.speed_methods:  # smoke: every figure's code, once
         if time.monotonic() > deadline:
             break
         smoke = dict(dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")  # the bench's code, in seconds
-        out[method] = measure(method, campaign.device, rounds=1, **smoke) if campaign.args.smoke else measure(method, campaign.device, rounds=2, data_dir=campaign.data)
-    parts = [f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
-             f"a second trial's {r['second trial: compile + first round s']:.1f} s)" for m, r in out.items()]
+        try:
+            out[method] = measure(method, campaign.device, rounds=1, **smoke) if campaign.args.smoke else measure(method, campaign.device, rounds=2, data_dir=campaign.data)
+        except NotCompiled as e:  # a finding, not a figure: the next method is still measured
+            out[method] = {"not compiled": str(e)}
+    parts = [f"{m}: not compiled ({r['not compiled']})" if "not compiled" in r else
+             f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
+             f"a second trial's {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs; CUDA graphs {r['graph calls']} calls, "
+             f"{r['graph skips']} skipped)" for m, r in out.items()]  # fmt: skip
     return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
 
@@ -53,5 +58,9 @@ def profile(campaign, deadline: float) -> dict:
     top = sorted(events, key=lambda e: getattr(e, f"self_{device_time}_total"), reverse=True)[:10]
     kernels = [{"name": e.key[:80], "calls": e.count, "ms": getattr(e, f"self_{device_time}_total") / 1e3} for e in top]
     busy = sum(getattr(e, f"self_{device_time}_total") for e in events) / 1e6 / wall if campaign.device.startswith("cuda") else float("nan")
-    line = f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)"
-    return {"wall_s": wall, "device_busy_share": busy, "top": kernels, "line": line}
+    if why := sim.executor.ran.not_compiled():  # the profile of an eager fallback is not the compiled engine's
+        raise NotCompiled(f"the profiled steps {why}")
+    ran = what_ran(sim)
+    line = (f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; CUDA graphs {ran['graph calls']} calls, {ran['graph skips']} "
+            f"skipped; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)")  # fmt: skip
+    return {"wall_s": wall, "device_busy_share": busy, "top": kernels, **ran, "line": line}

@@ -8,7 +8,8 @@ def summary_markdown(results: dict) -> str:
     lines = ["# GPU campaign", ""]
     env = results.get("environment", {})
     if env:
-        lines += [f"Device: {env.get('name')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, TF32 matmul {env.get('tf32_matmul')}", ""]
+        lines += [f"Device: {env.get('name')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, TF32 matmul {env.get('tf32_matmul')}; "
+                  f"commit {env.get('commit') or 'unknown'}", ""]  # fmt: skip
     lines += ["| stage | result | seconds |", "|:--|:--|--:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r.get('line', r.get('error', ''))} | {r['seconds']} |")
@@ -16,7 +17,7 @@ def summary_markdown(results: dict) -> str:
     if speed:
         names = list(dict.fromkeys(k for r in speed.values() for k in r))
         lines += ["", "| method | " + " | ".join(names) + " |", "|:--|" + "--:|" * len(names)]
-        lines += [f"| {m} | " + " | ".join(f"{r[n]:.4g}" if n in r else "" for n in names) + " |" for m, r in speed.items()]
+        lines += [f"| {m} | " + " | ".join(_cell(r.get(n, "")) for n in names) + " |" for m, r in speed.items()]
     top = results.get("profile", {}).get("top", [])
     if top:
         lines += ["", "| profiled kernel (20 steps) | calls | ms |", "|:--|--:|--:|"] + [f"| `{k['name']}` | {k['calls']} | {k['ms']:.2f} |" for k in top]
@@ -30,3 +31,7 @@ def summary_markdown(results: dict) -> str:
     if bad:
         lines += ["", "Failed checks:", ""] + [f"- {k}: {v['message'].splitlines()[0]}" for k, v in bad.items()]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -42,7 +42,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     try:
         cfg = trial_config(base, config)
         if settings.get("engine", "auto") == "auto":
-            cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone))
+            cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone, cfg.method))
         sim = build_simulation(cfg)
         checkpoint = tune.get_checkpoint()
         if checkpoint:

@@ -1,0 +1,96 @@
+"""The GPU check in one command: does every family of methods compile on CUDA and equal the CPU reference, and how
+fast do the papers' settings run compiled, with CUDA graphs. From a bare CUDA machine with torch, pydantic, the QP
+packages and Fashion-MNIST's four idx .gz files, within --budget-min (default 8):
+
+    PYTHONPATH=. python bench/gpu_check.py --data DIR --out DIR
+
+Its stages are bench/gpu_campaign.py's, each merged into OUT/campaign.json and OUT/summary.md as it ends and
+printed as one line (a stop loses nothing; a later campaign command adds to the same folder):
+
+1. environment  device, torch and CUDA versions, the commit, the packages found;
+2. correctness  each method of CHECK_METHODS (a family each) and ResNet-18's BatchNorm, two rounds on digits,
+                vectorized and compiled on the GPU against sequential eager on the CPU in float64, equal to 1e-9,
+                every step and batch compiled (a run that went on eager fails its check); the checks run in
+                `--parallel` processes at once, since compiling is CPU work;
+3. speed        eager and compiled s/round of GPFL, FedCP, FedAvg and FedPAC in their Table 1 settings, trial 1's
+                compiling from an empty compile cache, trial 2's programs, the Inductor configuration, CUDA graph
+                calls and skips (bench/engine_speed.py's `measure`; a run that went on eager gives no figure);
+4. profile      the share of the wall time the GPU was busy over 20 compiled steps of GPFL's cohort.
+
+`--smoke` (with `--device cpu`) runs the same code in miniature (FedAvg's check, digits): the suite runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
+
+from bench.campaign.speed import profile, speed  # noqa: E402
+from bench.gpu_campaign import Campaign, _check, _verdict, executors_equal  # noqa: E402
+
+SHARES = {"environment": 0.02, "correctness": 0.35, "speed": 0.5, "profile": 0.13}
+# A method a family: plain steps (FedAvg), GPFL's and FedCP's added modules, keyed noise (FedCP-Gumbel), statistics
+# passes, two phases with momentum and a QP (FedPAC), two models (Ditto), head then body (FedRep), an inner loop
+# (pFedMe), mixture components (FedEM); the first six failed to compile on CUDA before the retry (results/gpu).
+CHECK_METHODS = ["fedavg", "gpfl", "fedcp", "fedcp-gumbel", "fedpac", "ditto", "fedrep", "pfedme", "fedem"]
+SPEED_METHODS = ["gpfl", "fedcp", "fedavg", "fedpac"]
+
+
+def checked(cfg, device: str, rounds: int) -> dict:
+    """One correctness check, in a worker process."""
+    return _check(float("inf"), lambda: executors_equal(cfg, device, rounds))
+
+
+def correctness(campaign: Campaign, deadline: float) -> dict:
+    """The checks in parallel processes (spawned: CUDA does not survive a fork); past the deadline the unfinished
+    ones are stopped and recorded as skipped."""
+    fixed = dict(engine="compiled", join_ratio="1")  # every round the whole cohort: a program per padded size, compiled once
+    cases = {f"compiled: {m}": (campaign.digits(m, **fixed), 2) for m in (["fedavg"] if campaign.args.smoke else CHECK_METHODS)}
+    if not campaign.args.smoke:
+        resnet = dict(clients=12, backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=4)
+        cases["compiled: ResNet-18 BatchNorm under vmap (fedper)"] = (campaign.digits("fedper", **fixed, **resnet), 1)
+    checks: dict[str, dict] = {}
+    with multiprocessing.get_context("spawn").Pool(campaign.args.parallel) as pool:
+        pending = {name: pool.apply_async(checked, (cfg, campaign.device, rounds)) for name, (cfg, rounds) in cases.items()}
+        for name, result in pending.items():
+            try:
+                checks[name] = result.get(timeout=max(0.0, deadline - time.monotonic()))
+            except multiprocessing.TimeoutError:
+                checks[name] = {"status": "skipped"}
+            campaign.progress({"checks": checks, **_verdict(checks)})
+        pool.terminate()
+    return {"checks": checks, **_verdict(checks)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", help="folder with Fashion-MNIST's idx .gz files (not needed with --smoke)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-min", type=float, default=8.0)
+    ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
+    ap.add_argument("--parallel", type=int, default=max(1, min(len(CHECK_METHODS) + 1, (os.cpu_count() or 2) // 2)),
+                    help="correctness checks compiling at once (default: half the CPU cores)")  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help="the same code in miniature on digits, for the test suite")
+    args = ap.parse_args()
+    if not args.smoke and not args.data:
+        ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
+    args.stages, args.speed_methods, args.engine, args.methods = ",".join(SHARES), SPEED_METHODS, "compiled", None
+    # Trial 1 compiles from nothing: this command's programs go to a cache of its own (the worker processes inherit it).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
+    c = Campaign(args, shares=SHARES)
+    stages = {"environment": c.environment, "correctness": lambda d: correctness(c, d), "speed": lambda d: speed(c, d), "profile": lambda d: profile(c, d)}
+    for name, run in stages.items():
+        c.stage(name, run)
+    print(f"summary: {c.out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()
