@@ -234,6 +234,15 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
     figures = json.loads((ROOT / "results/gpu/compiled-engine-b9d680f/figures.json").read_text())["methods"]
     repaid = {(m, "cnn4"): math.ceil(f["compile + first round s"] / (f["eager s/round"] - f["compiled s/round"])) for m, f in figures.items()}
     assert CUDA_COMPILE_ROUNDS == repaid
+    # ... and the pages that quote those figures quote them
+    gpfl, fedavg, fedcp = figures["gpfl"], figures["fedavg"], figures["fedcp"]
+    assert f"GPFL {gpfl['eager s/round']} → {gpfl['compiled s/round']} s a round on an H100" in " ".join((ROOT / "README.md").read_text().split())
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    assert (f"GPFL {gpfl['eager s/round']} s a round eager against {gpfl['compiled s/round']} compiled ({gpfl['compile + first round s']} s compiling "
+            f"the first round, {gpfl['programs']} programs; a second trial {gpfl['second trial programs']} programs); FedAvg {fedavg['eager s/round']}–"
+            f"{fedavg['eager s/round, slowest measured']} against {fedavg['compiled s/round']} and FedCP {fedcp['eager s/round']} against "
+            f"{fedcp['compiled s/round']}") in performance  # fmt: skip
+    assert f"GPFL {repaid['gpfl', 'cnn4']} rounds, FedCP {repaid['fedcp', 'cnn4']}, FedAvg {repaid['fedavg', 'cnn4']}" in performance
 
 
 def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_stay_static():

@@ -166,7 +166,7 @@ class Simulation:
     def step(self) -> dict:
         """Run one round and return its metrics row."""
         t0 = time.perf_counter()
-        ran = self.executor.ran.copy()
+        ran = replace(self.executor.ran)  # what ran before this round
         rnd = self.round + 1
         s = self.settings
         ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds)

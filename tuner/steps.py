@@ -11,7 +11,7 @@ cohort."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -43,7 +43,6 @@ class Ran:
     failed: str = ""  # why compiling failed under every configuration (the run went on eager); "" if it did not
     graph_calls: int = 0  # calls of programs that run as CUDA graphs (each shape's first two warm up and record; the rest replay)
     graph_skips: int = 0  # programs CUDA graphs refused (Inductor's count: mutated inputs it does not own, CPU tensors, ...)
-    skip_reasons: list[str] = field(default_factory=list)
 
     def since(self, earlier: "Ran") -> str:
         """How the work counted since `earlier` ran, in a word or three (a round's `engine` column)."""
@@ -62,9 +61,6 @@ class Ran:
         if self.eager_steps or self.eager_batches:
             return f"ran {self.eager_steps} steps and {self.eager_batches} batches eager"
         return "" if self.compiled_steps or self.compiled_batches else "ran nothing compiled"
-
-    def copy(self) -> "Ran":
-        return replace(self, skip_reasons=list(self.skip_reasons))
 
 
 def say(line: str) -> None:
