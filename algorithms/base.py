@@ -186,6 +186,7 @@ class Passes:
     end_local: bool = False  # end_local after it
     statistics_before: bool = False  # sums of `statistics` over the client's data, handed to begin_local
     statistics_after: bool = False  # ... with the trained model, handed to end_local
+    trained_statistics: bool = False  # the pass after training sums `trained_statistics`, not `statistics` (FedAS)
     upload: bool = True  # clients upload and the server aggregates
     memory: bool = False  # `memory` of each client's whole training split joins its state for prediction
 
@@ -295,8 +296,8 @@ class Method:
         raise NotImplementedError
 
     def trained_statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
-        """The sums of the pass after training (statistics_after), where they differ from the pass before it (FedAS)."""
-        return self.statistics(state, server, x, y, w)
+        """The sums of the pass after training, where they differ from the pass before it (Passes(trained_statistics=True): FedAS)."""
+        raise NotImplementedError
 
     def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
         """The tensors that change before local training; `stats` is {} without statistics_before."""
@@ -367,14 +368,14 @@ def _declaration_problem(cls: type[Method]) -> str | None:
     or a pass without its hook, is a mistake in the method, found when its class is defined."""
     p = cls.passes
     defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
-    for hook, declared in (("begin_local", p.begin_local), ("end_local", p.end_local), ("memory", p.memory)):
+    for hook, declared in (("begin_local", p.begin_local), ("end_local", p.end_local), ("memory", p.memory), ("trained_statistics", p.trained_statistics)):
         if defines(hook) != declared:
             return f"defines {hook} but does not declare Passes({hook}=True)" if declared is False else f"declares {hook} but does not define it"
     if (p.statistics_before and not p.begin_local) or (p.statistics_after and not p.end_local):
         return "statistics go to begin_local (before) or end_local (after): declare that hook too"
-    if defines("trained_statistics") and not p.statistics_after:
-        return "defines trained_statistics but does not declare Passes(statistics_after=True)"
-    if (p.statistics_before or (p.statistics_after and not defines("trained_statistics"))) != defines("statistics"):
+    if p.trained_statistics and not p.statistics_after:
+        return "declares trained_statistics but not Passes(statistics_after=True), the pass that sums them"
+    if (p.statistics_before or (p.statistics_after and not p.trained_statistics)) != defines("statistics"):
         return "statistics are defined without a statistics pass, or declared without being defined"
     if not p.upload and (defines("upload") or defines("aggregate")):
         return "defines upload or aggregate but declares Passes(upload=False)"

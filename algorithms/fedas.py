@@ -50,7 +50,7 @@ class FedAS(Method):
     source = "xiyuanyang45/FedAS (= PFLlib clientas.py)"
     Hparams = FedASHparams
     shared = ("body.",)
-    passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, end_local=True)
+    passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, trained_statistics=True, end_local=True)
     statistics_in_batches = True  # the trace sums over whole batches of the run's size
 
     def init_client(self, model):

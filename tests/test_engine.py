@@ -306,6 +306,13 @@ def test_a_method_whose_passes_do_not_match_its_hooks_is_refused_when_its_class_
         type("Silent", (Method,), {"shared": ()})
     with pytest.raises(TypeError, match="statistics"):
         type("Counting", (Method,), {"passes": Passes(statistics_before=True, begin_local=True), "begin_local": lambda *a: a[1]})
+    after = dict(statistics_after=True, end_local=True)
+    hooks = {"end_local": lambda *a: a[1], "trained_statistics": lambda *a: {}}
+    with pytest.raises(TypeError, match="defines trained_statistics but does not declare"):  # the engine reads the declaration, never the class
+        type("Undeclared", (Method,), {"passes": Passes(**after), "statistics": lambda *a: {}, **hooks})
+    with pytest.raises(TypeError, match="not Passes\\(statistics_after=True\\)"):
+        type("Orphan", (Method,), {"passes": Passes(trained_statistics=True), "trained_statistics": hooks["trained_statistics"]})
+    type("Trained", (Method,), {"passes": Passes(**after, trained_statistics=True), **hooks})
     type("Declared", (Method,), {"passes": Passes(begin_local=True), "begin_local": lambda self, client, server, stats, at: client})
 
 

@@ -48,7 +48,7 @@ def test_a_bundle_installs_on_a_machine_without_internet(tmp_path, local_index):
 def test_the_projects_own_requirements_are_bundled_with_its_test_extra_and_build_backend(tmp_path, local_index):
     res = bundle(tmp_path, "--data", "none", local=local_index)  # the index here lacks them: the script fails, as it must
     requirements = (tmp_path / "bundle" / "requirements.txt").read_text().split()
-    assert {"torch==2.14.1", "torchvision==0.29.1", "ray[tune]>=2.60", "pytest>=8,<9.2", "pytest-xdist>=3.5", "setuptools>=68", "pip"} <= set(requirements)
+    assert {"torch==2.14.1", "torchvision==0.29.1", "ray[tune]>=2.60", "pydantic>=2", "pytest>=8,<9.2", "pytest-xdist>=3.5", "setuptools>=68", "pip"} <= set(requirements)
     assert res.returncode != 0 and "Done" not in res.stdout
 
 

@@ -102,7 +102,7 @@ class Simulation:
         stats = {}
         if with_statistics:
             m, split, after = self.method, self.data.holdout or self.data.train, name == "end_local"
-            own = after and type(m).trained_statistics is not Method.trained_statistics
+            own = after and m.passes.trained_statistics
             fn, label = (m.trained_statistics, "trained_statistics") if own else (m.statistics, "statistics")
             multiple = m.training.batch_size if m.statistics_in_batches else 1
             stats = self.executor.sum_over(fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple)
