@@ -2,6 +2,7 @@
 exit code, no traceback, and in bounded time (none waits on Ray or a download)."""
 
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from tuner.cli import app
 from tuner.files import LOCK_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
+SENTENCE_BREAK = re.compile(r"[.!?] [A-Z]")  # a sentence ends and another begins
 DEMO = str(ROOT / "search_spaces" / "demo.yaml")
 DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "1"]
 
@@ -140,6 +142,8 @@ def test_a_mistake_is_one_sentence(workspace, what, args, code, words, monkeypat
     assert res.exit_code == code, res.output
     assert words in " ".join(res.output.split()) and "Traceback" not in res.output, res.output
     assert len([line for line in res.output.splitlines() if line.startswith("error:")]) == 1
+    said = " ".join(res.output[res.output.index("error:") + len("error:") :].split())
+    assert said.endswith(".") and not SENTENCE_BREAK.search(said), f"not one sentence: {said}"
     runs = workspace / "results" / "runs"
     assert not runs.exists() or all(any(d.iterdir()) for d in runs.iterdir())  # a refused run leaves no empty folder
 

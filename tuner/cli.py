@@ -42,8 +42,8 @@ def user_errors(fn):
         except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
             if e.filename is None:
                 raise
-            err.print(f"[bold red]error:[/] {escape(f'cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}.')} "
-                      "Files written before stay whole (every write replaces a file at once).", highlight=False, soft_wrap=True)  # fmt: skip
+            said = f"cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}, and the files written before stay whole (every write replaces a file at once)."
+            err.print(f"[bold red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:  # a command without a stop of its own (run and sweep have theirs)
             err.print("Stopped (Ctrl-C); every file written before stays whole.", markup=False, highlight=False)

@@ -18,6 +18,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from algorithms.base import Phase, State
+from tuner.errors import first_sentence
 
 # Inductor configurations a program is compiled under, in turn, until one compiles. Loop reordering after fusion
 # runs on GPUs only, and there torch 2.11's scheduler fails for most methods' steps (`reorder_loops_by_dep_pair`:
@@ -68,7 +69,7 @@ def say(line: str) -> None:
 
 
 def first_line(error: Exception) -> str:
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+    return f"{type(error).__name__}: {first_sentence(error)[:200]}"
 
 
 class Program:

@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
-from tuner.errors import UserError
+from tuner.errors import UserError, first_sentence
 from tuner.plugins import method_title
 from tuner.run import RunDir
 from tuner.selection import SCORE, best_of, selection, started
@@ -41,7 +41,7 @@ def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
         try:
             return load()
         except UNREADABLE as e:
-            unreadable.append(f"{what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            unreadable.append(f"{what}: {first_sentence(e)}")
             return None
 
     for root in paths:

@@ -26,7 +26,7 @@ from ray.tune import Callback
 from ray.tune.search.optuna import OptunaSearch
 
 from tuner.config import TRIAL_RETRIES, user_path
-from tuner.errors import Interrupted, UserError
+from tuner.errors import Interrupted, UserError, first_sentence
 from tuner.files import ensure_writable, folder_lock, unwritable_reason, write_text_atomic
 from tuner.selection import SCORE, best_of, started, trial_dirname, trial_score
 from tuner.space import Space
@@ -298,7 +298,7 @@ def study_storage(path: Path) -> optuna.storages.RDBStorage:
     try:
         return optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
     except Exception as e:  # sqlalchemy's OperationalError, or a file that is not SQLite
-        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        reason = first_sentence(getattr(e, "orig", None) or e)
         raise UserError(f"--study-db {path} cannot be opened as an SQLite file ({reason}); name a file in a folder you can write to.") from None
 
 
