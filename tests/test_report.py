@@ -1,6 +1,7 @@
 """`tuner report`: runs and sweeps collected, the papers' tables rebuilt with mean ± std over seeds."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -157,6 +158,22 @@ def test_report_mistakes(tmp_path):
     assert res.exit_code == 2 and "does not exist" in res.output
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "No readable runs" in res.output
+
+
+def test_a_report_of_a_sweep_that_has_not_reported_a_round_says_it_is_running_and_how_far_it_got(tmp_path):
+    from tuner.files import folder_lock
+
+    sweeps = tmp_path / "sweeps"
+    trial = sweeps / "demo" / "search" / "federated_trial_0001"
+    trial.mkdir(parents=True)
+    (trial / "params.json").write_text('{"lr": 0.01}')  # started: no result yet
+    with folder_lock(sweeps / "demo", "The sweep", "choose another --name"):  # held, as by the running sweep (this process)
+        res = CliRunner().invoke(app, ["report", str(sweeps), "--out", str(tmp_path / "r")])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "No readable runs" not in said, said
+    assert f"No run under {sweeps} has finished a round yet: {sweeps / 'demo'} is still running (process {os.getpid()}; 1 trial started)" in said
+    res = CliRunner().invoke(app, ["report", str(sweeps), "--out", str(tmp_path / "r")])  # once it has stopped: what is there
     assert res.exit_code == 2 and "No readable runs" in res.output
 
 

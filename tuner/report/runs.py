@@ -20,6 +20,7 @@ import yaml
 from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
 from tuner.errors import UserError, first_sentence
 from tuner.plugins import method_title
+from tuner.files import LOCK_FILE, lock_holder
 from tuner.run import RunDir
 from tuner.selection import SCORE, best_of, selection, started
 
@@ -59,9 +60,28 @@ def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
                 run = read(params.parent, lambda: _trial(params, experiment, info))
                 runs += [run] if run else []
     if not runs:
+        running = still_running(paths)
+        if running:
+            raise UserError(f"No run under {', '.join(map(str, paths))} has finished a round yet: {running[0]}; report again once a round is in.")
         problem = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
         raise UserError(f"No readable runs under {', '.join(map(str, paths))}{problem}; point at `tuner run` or `tuner sweep` results.")
     return runs, unreadable
+
+
+def still_running(paths: list[Path]) -> list[str]:
+    """The sweeps, reproductions and runs under `paths` whose command still holds their folder, each with how far it got."""
+    out = []
+    for root in paths:
+        for lock in sorted({root / LOCK_FILE, *root.rglob(LOCK_FILE)}):
+            holder = lock_holder(lock.parent)
+            if holder:
+                trials = len(list(lock.parent.rglob("params.json")))
+                if trials:
+                    progress = f"{trials} trial{'s' * (trials != 1)} started"
+                else:
+                    progress = "in its first round" if (lock.parent / "config.yaml").exists() else "no trial started yet"
+                out.append(f"{lock.parent} is still running ({holder}; {progress})")
+    return out
 
 
 def _experiment_info(path: Path) -> dict:
