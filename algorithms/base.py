@@ -80,13 +80,16 @@ class Net:
             part: [k for k, _ in getattr(backbone, part).named_parameters()] + [k for k, _ in getattr(backbone, part).named_buffers()]
             for part in ("body", "head")
         }
+        # The backbone in eval mode, whatever mode the engine's pass is in (`predict`): every tensor it reads is
+        # handed in, so its own live on the meta device, taking no memory.
+        self._evaluating = copy.deepcopy(backbone).to("meta").eval()
 
     def initial_state(self) -> State:
         return {k: v.detach().clone() for k, v in self.module.state_dict(keep_vars=True).items()}
 
-    def _call(self, part: str, state: State, prefix: str, inp: torch.Tensor) -> torch.Tensor:
+    def _call(self, part: str, state: State, prefix: str, inp: torch.Tensor, module: nn.Module | None = None) -> torch.Tensor:
         tensors = {k: state[prefix + k] for k in self._local[part]}
-        return functional_call(getattr(self.module, part), tensors, (inp,))
+        return functional_call(getattr(module or self.module, part), tensors, (inp,))
 
     def features(self, state: State, x: torch.Tensor, prefix: str = "body.") -> torch.Tensor:
         return self._call("body", state, prefix, x)
@@ -101,6 +104,12 @@ class Net:
     def logits(self, state: State, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
         """The whole backbone; `prefix` names a copy of it held in the same state ("global.")."""
         return self.head(state, self.features(state, x, prefix + "body."), prefix + "head.")
+
+    def predict(self, state: State, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
+        """The whole backbone in eval mode even inside a training step: BatchNorm normalizes with the running
+        statistics and writes none (a frozen model's `.eval()` in the reference code: FedNTD's received model)."""
+        h = self._call("body", state, prefix + "body.", x, self._evaluating)
+        return self._call("head", state, prefix + "head.", h, self._evaluating)
 
     def copy(self, model: State, prefix: str) -> State:
         """A second model in a client's state: the backbone's tensors under `prefix`."""

@@ -1,16 +1,21 @@
 """FedNTD (Lee et al., NeurIPS 2022): preserve the global model's knowledge of the not-true classes.
 
 Shared: the whole backbone. Personal: nothing.
-Local loss (eq. 5): CE(f(x; w), y) + β · L_NTD, where L_NTD = KL(q̃_g ‖ q̃_l) between the received
+Local loss (eq. 5): CE(f(x; w), y) + β · L_NTD, where L_NTD = τ² · KL(q̃_g ‖ q̃_l) between the received
 global model's and the local model's softmax(z/τ) over the classes other than the sample's label
-(its not-true logits, eq. 4); the global model is frozen (no gradient).
+(its not-true logits, eq. 4), batch mean; the global model is frozen (no gradient) and in eval mode.
 Upload / server / prediction: as FedAvg (the global model predicts).
 
-Sources: Lee-Gihun/FedNTD (algorithms/fedntd/criterion.py, config/fedntd.json: τ = 1, β = 1) and
-PFLlib clientntd.py, which multiplies L_NTD by τ² (the same at τ = 1; here as the authors' code, no τ²).
-The not-true softmax is the full softmax with the label's logit at −∞ (the same values as gathering the
-other logits, with no shape that depends on y). With batch norm the global model's parameters
-predict with the client's running statistics (the server holds none).
+Sources: Lee-Gihun/FedNTD (algorithms/fedntd/criterion.py `NTD_Loss._ntd_loss`, config/fedntd.json: τ = 1,
+β = 1) and PFLlib clientntd.py (a copy of it): both multiply the KL by τ² (the usual distillation scale,
+which the paper's eq. 4 leaves out; here as both codes). Both run the received model in eval mode:
+PFLlib's `set_parameters` calls `.eval()`, and the authors' `_keep_global` deep-copies the client model,
+which their `evaluate_model` left in eval mode. The not-true softmax is the full softmax with the label's
+logit at −∞ (the same values as gathering the other logits, with no shape that depends on y).
+
+Differences: with batch norm, the received model normalizes with the client's running statistics
+(`Net.predict`; the server holds none), where PFLlib's global model carries the first uploader's and the
+authors' the copied client model's; it writes none.
 """
 
 from dataclasses import dataclass
@@ -45,5 +50,6 @@ class FedNTD(Method):
 
     def loss(self, state, server, x, y):
         logits = self.net.logits(state, x)
-        received = self.net.logits({**state, **server}, x).detach()  # the global model of this round, frozen
-        return F.cross_entropy(logits, y) + self.hp.beta * not_true_kl(logits, received, y, self.hp.tau)  # eq. 5
+        received = self.net.predict({**state, **server}, x).detach()  # the global model of this round, frozen, in eval mode
+        distillation = self.hp.tau**2 * not_true_kl(logits, received, y, self.hp.tau)  # τ² as both references
+        return F.cross_entropy(logits, y) + self.hp.beta * distillation  # eq. 5

@@ -11,6 +11,13 @@ Sources: the paper; PFLlib clientmoon.py, whose form this is: the representation
 feature output (the paper's models add a two-layer projection head for z, which the official
 QinbinLi/MOON code also feeds to the classifier; our backbones have none, as PFLlib's). τ = 0.5 and
 μ = 1 are the paper's (μ = 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet; grid 0.1, 1, 5, 10).
+
+With batch norm: PFLlib never sets the frozen models' mode (no `.eval()`, unlike its FedNTD), so they
+normalize with the batch's statistics in training, as here. Their running statistics are their own: the
+previous model's here too ("moon.prev." holds its buffers, replaced after training as PFLlib's deep copy);
+the global model's are the server model's in PFLlib (the first uploader's, moved by every client's
+forward), here a copy of the client's that each step discards, so the client's own statistics move with
+its local model only.
 """
 
 from dataclasses import dataclass
@@ -42,7 +49,8 @@ class MOON(Method):
 
     def loss(self, state, server, x, y):
         z = self.net.features(state, x)
-        z_global = self.net.features({**state, **server}, x).detach()  # frozen
+        statistics = {k: state[k].clone() for k in self.net.buffer_keys}  # the global model's forward moves these, not the client's
+        z_global = self.net.features({**state, **server, **statistics}, x).detach()  # frozen
         z_previous = self.net.features(state, x, PREVIOUS + "body.").detach()
         agree = F.cosine_similarity(z, z_global, dim=-1) / self.hp.tau
         disagree = F.cosine_similarity(z, z_previous, dim=-1) / self.hp.tau

@@ -14,7 +14,7 @@ from simulations import batch, client, sim_for
 
 
 def test_fedntd_distills_the_received_models_not_true_classes_only():
-    sim = sim_for("fedntd", 1, dtype="float64")
+    sim = sim_for("fedntd", 1, dtype="float64", hparams={"tau": 3.0})  # τ ≠ 1: the τ² of both references shows
     m, state = sim.method, client(sim, 0)
     x, y = batch(sim, 0)
     state = {**state, **{k: v + 0.1 * torch.randn_like(v) for k, v in state.items() if k in sim.server}}  # local ≠ global
@@ -23,13 +23,27 @@ def test_fedntd_distills_the_received_models_not_true_classes_only():
     gather = lambda z: torch.gather(z, 1, others)  # noqa: E731  the authors' refine_as_not_true
     tau, beta = m.hp.tau, m.hp.beta
     kl = F.kl_div(F.log_softmax(gather(local) / tau, 1), F.softmax(gather(received) / tau, 1), reduction="batchmean")
-    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * kl)
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * tau**2 * kl)  # criterion.py's (τ ** 2) * KLDiv
     assert kl > 1e-4
     # the label's own logit is left to the cross-entropy: the distillation gives it no gradient
     from algorithms.fedntd import not_true_kl
 
     g = grad(lambda z: not_true_kl(z, received, y, tau))(local)
     assert torch.all(g.gather(1, y[:, None]) == 0) and torch.isfinite(g).all()
+
+
+def test_fedntds_received_model_runs_in_eval_mode_reading_the_clients_batch_norm_statistics_and_writing_none():
+    sim = sim_for("fedntd", 1, dtype="float64", backbone="tiny_batchnorm")
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0, 20)
+    m.net.module.train()  # as in a training step
+    alone, step = ({k: v.clone() for k, v in state.items()} for _ in range(2))
+    m.net.logits(alone, x)  # the local model's forward: the statistics move once
+    m.loss(step, sim.server, x, y)
+    for k in m.net.buffer_keys:  # the received model's forward moved them no further
+        torch.testing.assert_close(step[k], alone[k])
+    m.net.module.eval()
+    torch.testing.assert_close(m.net.predict({**state, **sim.server}, x), m.net.logits({**state, **sim.server}, x))  # eval mode: running statistics
 
 
 def test_feddyn_corrects_each_client_by_its_last_gradient_and_the_server_by_h():
@@ -67,6 +81,18 @@ def test_moon_contrasts_with_the_global_and_the_previous_local_model():
     sg, sp = F.cosine_similarity(z, zg) / m.hp.tau, F.cosine_similarity(z, zp) / m.hp.tau
     contrastive = -torch.log(sg.exp() / (sg.exp() + sp.exp())).mean()
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(m.net.head(state, z), y) + m.hp.mu * contrastive)
+
+
+def test_moons_frozen_models_leave_the_clients_batch_norm_statistics_to_its_local_model():
+    sim = sim_for("moon", 1, dtype="float64", backbone="tiny_batchnorm")
+    m, state = sim.method, client(sim, 0)
+    x, y = batch(sim, 0, 20)
+    m.net.module.train()  # as in a training step
+    alone, step = ({k: v.clone() for k, v in state.items()} for _ in range(2))
+    m.net.logits(alone, x)
+    m.loss(step, sim.server, x, y)
+    for k in m.net.buffer_keys:
+        torch.testing.assert_close(step[k], alone[k])
 
 
 def test_fedbn_keeps_every_batch_norm_layer_local_and_shares_the_rest():
