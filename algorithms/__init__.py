@@ -3,7 +3,8 @@
 Ablations and variants are the same method with other hyperparameter defaults, registered
 under the papers' names in lower case (`gpfl-nocov`, `fedcp-nocpn-nogh`, `fedpac-fa`, `apfl-outputs`, ...).
 The reference code's forms, where it departs from its paper, are small subclasses that override
-only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `pfedme-official`, `fedpac-official`, `fedpac-pfllib`, `fedlc-pfllib`).
+only what differs (`gpfl-pfllib`, `fedcp-gumbel`, `fedphp-pfllib`, `pfedme-official`, `fedpac-official`, `fedpac-pfllib`, `fedlc-pfllib`,
+`fedcac-pfllib`).
 Methods of one's own live outside this package and are named by file or entry point (tuner/plugins.py).
 """
 
@@ -21,7 +22,7 @@ from algorithms.fedavg_ft import FedAvgFT
 from algorithms.fd import FD
 from algorithms.fedbn import FedBN
 from algorithms.fedcross import FedCross
-from algorithms.fedcac import FedCAC
+from algorithms.fedcac import FedCAC, FedCACPfllib
 from algorithms.feddbe import FedDBE
 from algorithms.feddyn import FedDyn
 from algorithms.fedbabu import FedBABU
@@ -57,7 +58,7 @@ BASELINES = [FedAvg, FedProx, SCAFFOLD, Local, FedAvgFT, PerFedAvg, PFedMe, Ditt
              fedem.FedEM, FedAdam, FedYogi]  # fmt: skip
 # Methods of PFLlib's roster beyond the papers' tables (issue: every method of PFLlib's list).
 ROSTER = [FedLC, FedNTD, FedDyn, MOON, FedBN, FML, FD, PFLDA, FedGH, FedCAC, FedPCL, FedMTL, FedGen, FedDBE, FedKD, FedGC, FedCross, FedALA, APPLE, fedas.FedAS]
-REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib, FedLCPfllib]
+REFERENCE_FORMS = [FedPHPPfllib, PFedMeOfficial, gpfl.GPFLPfllib, fedcp.FedCPGumbel, fedpac.FedPACOfficial, fedpac.FedPACPfllib, FedLCPfllib, FedCACPfllib]
 _ALL = [*BASELINES, *ROSTER, *apfl.VARIANTS, *fedas.VARIANTS, *knnper.VARIANTS, *hypcluster.VARIANTS, *fedem.VARIANTS, gpfl.GPFL, *gpfl.VARIANTS, fedcp.FedCP, *fedcp.VARIANTS, fedpac.FedPAC,
         *fedpac.VARIANTS, *REFERENCE_FORMS]  # fmt: skip
 METHODS: dict[str, type[Method]] = {m.name: m for m in _ALL}

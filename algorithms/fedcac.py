@@ -12,10 +12,16 @@ and the customized model u_i, the plain mean of the trained models of i and the 
 Broadcast: θ_i = m_i ⊙ u_i + (1 − m_i) ⊙ θ_global (before a client's first training, the global model).
 Prediction: the client's model as the broadcast leaves it.
 
-Sources: PFLlib clientcac.py / servercac.py and the authors' Fling configs (τ = 0.5, β = 100 on
-CIFAR-10 Dir(0.1); PFLlib leaves both to the command line). A top-τ threshold that falls at or under
-1e-10 moves to the smallest sensitivity above 1e-20, as both codes do. A cohort of one client has no pairs
-(PFLlib divides by zero): its customized model is its own.
+Sources: PFLlib clientcac.py / servercac.py and the authors' Fling code (fling/component/group/
+fedcac_group.py) and configs (τ = 0.5, β = 100 on CIFAR-10 Dir(0.1); PFLlib leaves both to the command
+line). A top-τ threshold that falls at or under 1e-10 moves to the smallest sensitivity above 1e-20, as
+both codes do. A cohort of one client has no pairs (PFLlib divides by zero): its customized model is its own.
+
+Round 1 as Fling: its first aggregation (its epoch 0) customizes with the threshold at 1/β, as every later
+one with t/β; here the round t counts from 1, so the same. PFLlib's server skips customization at its
+epoch 0 (`send_models` calls `get_customized_global_models` only from epoch 1), so after its first round
+each client's critical parameters take its customized model as the client was built, the initial model,
+and its threshold from then on is (epoch + 1)/β, again t/β: that form is `fedcac-pfllib`.
 """
 
 from dataclasses import dataclass
@@ -93,4 +99,20 @@ class FedCAC(Method):
         share = collaborate / collaborate.sum(1, keepdim=True)  # a plain mean over i and its collaborators
         for k in keys:
             out[CUSTOM + k] = server[CUSTOM + k].index_put((at.clients,), torch.tensordot(share, uploads[k], dims=1))
+        return out
+
+
+class FedCACPfllib(FedCAC):
+    """PFLlib's form: the first round customizes nothing, so the critical parameters go back to the initial
+    model (module docstring)."""
+
+    name = "fedcac-pfllib"
+    title = "FedCAC-PFLlib"
+    source = "PFLlib clientcac.py / servercac.py"
+    family = "fedcac"
+
+    def aggregate(self, server, uploads, at):
+        out = super().aggregate(server, uploads, at)
+        if at.number == 1:  # each customized model stays the initial one that init_server gave every client
+            out |= {k: v for k, v in server.items() if k.startswith(CUSTOM)}
         return out

@@ -280,6 +280,23 @@ def test_fedcac_mixes_each_clients_critical_parameters_from_its_collaborators_on
     assert 0 < sum(sizes) < 30  # some collaborate, not everyone with everyone
 
 
+def test_fedcac_pfllib_sends_each_clients_critical_parameters_back_to_the_initial_model_after_round_1():
+    """PFLlib's server customizes nothing at its first round, so a client's critical parameters take its customized
+    model as built, the initial model; from round 2 on it customizes as FedCAC (and Fling) do."""
+    pfllib = sim_for("fedcac-pfllib", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"beta": 3})
+    fling = sim_for("fedcac", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"beta": 3})
+    keys, initial = pfllib.method.net.param_keys, {k: pfllib.clients[k].clone() for k in pfllib.method.net.param_keys}
+    pfllib.step()
+    fling.step()
+    for k in keys:
+        mask = pfllib.clients["cac.mask." + k]
+        torch.testing.assert_close(pfllib.clients["cac.mask." + k], fling.clients["cac.mask." + k])  # the same training, the same masks
+        torch.testing.assert_close(pfllib.clients[k], mask * initial[k] + (1 - mask) * pfllib.server[k])
+        assert not torch.allclose(pfllib.clients[k], fling.clients[k])
+    pfllib.step()
+    assert not torch.allclose(pfllib.server["cac.custom." + keys[0]], initial[keys[0]])  # round 2 customizes
+
+
 def test_fedpcl_contrasts_features_with_global_and_every_clients_prototypes():
     sim = sim_for("fedpcl", 0, join_ratio="1", dtype="float64", partition="pat:2")
     m, body = sim.method, sim.method.net.keys(("body.",))
