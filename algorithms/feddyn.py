@@ -9,9 +9,21 @@ Upload: θ_k^t. Server: h ← h − α/m Σ_{k∈P_t} (θ_k^t − θ^{t−1}) ov
 Prediction: the global model, as FedAvg.
 
 Sources: the paper's Algorithm 1; PFLlib clientdyn.py / serverdyn.py (the same updates, but the local
-term is α/2 ‖θ − θ^{t−1}‖ unsquared; here the paper's square, which the g_k update assumes);
-alpacaser/FedDyn writes the same objective with α as extra weight decay and clips gradients at norm 10
-(not here). Only parameters take part; batch-norm statistics stay with each client.
+term is α/2 ‖θ − θ^{t−1}‖ unsquared; here the paper's square, which the g_k update assumes). Only
+parameters take part; batch-norm statistics stay with each client.
+
+The authors' code (alpemreacar/FedDyn, utils_methods.py `train_FedDyn`, utils_general.py
+`train_feddyn_mdl`) runs the same dynamics in another bookkeeping (a client's accumulated θ_k − θ^{t−1}
+for −g_k/α, their mean over the federation for −h/α) and differs in three ways, none of them here:
+- α per client: α_k = α / (n_k / n̄), n̄ the federation's mean training size (`alpha_coef_adpt`), so a
+  client with more data is held less;
+- the proximal part as SGD weight decay α_k, added after the gradient is clipped at norm 10
+  (`max_norm`), the linear part inside the clipped loss;
+- the accuracy it reports is the plain mean of the round's client models (`avg_model`, "sel"), not the
+  corrected model θ^t that the clients receive (`cld_model`); here, as the paper's Algorithm 1 and PFLlib,
+  θ^t both trains and predicts.
+A variant in that form would need a per-client weight decay outside the clip and a second server model;
+not built.
 """
 
 from dataclasses import dataclass
@@ -33,7 +45,7 @@ class FedDyn(Method):
     name = "feddyn"
     title = "FedDyn"
     paper = "Acar et al., ICLR 2021"
-    source = "the paper's Algorithm 1; PFLlib clientdyn.py"
+    source = "the paper's Algorithm 1; PFLlib clientdyn.py (alpemreacar/FedDyn's differences in the docstring)"
     Hparams = FedDynHparams
     passes = Passes(end_local=True)
 
