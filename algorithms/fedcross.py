@@ -5,8 +5,11 @@ client's model, the middleware it trained last.
 Each round the cohort's clients take the middleware models one each, in a keyed random order, and train
 them (CE). Server: each trained model replaces its middleware; then each middleware j is cross-aggregated
 with the one least similar to it, w_j ← α w_j + (1 − α) w_c(j) (collaborative model selection by lowest
-similarity, the reference's default), similarity the sum over the layers (each weight with its bias) of the
-cosine of the two models' tensors, the last layer counted twice.
+similarity, the reference's default). The similarity is PFLlib's `calculate_similarity`: over the model's
+`state_dict()` entries in order, batch-norm statistics included, the sum of the cosines of consecutive
+pairs of the two models' tensors, then the last pair once more where the count is even, or the last
+tensor alone once where it is odd. A middleware's statistics are the initial model's throughout, as in
+PFLlib, whose clients copy parameters only into and out of it.
 Prediction: the client's model as it last trained it (as PFLlib evaluates FedCross's clients).
 
 Sources: PFLlib clientcross.py / servercross.py (α = 0.99, first_stage_bound 0, strategy 1). Differences:
@@ -25,6 +28,7 @@ from algorithms.base import Method, Passes, Unsupported
 from algorithms.common import uniform
 
 MIDDLEWARE = "cross.m."
+STATISTICS = "cross.s."  # the middleware models' batch-norm statistics: the initial model's, never changed
 
 
 @dataclass
@@ -46,9 +50,11 @@ class FedCross(Method):
         self.models = min(training.clients, max(1, round(training.participation_max * training.clients)))  # the largest cohort (tuner.draws.sample_cohort)
         if self.models < 2:
             raise Unsupported("FedCross cross-aggregates the models of at least two clients a round: raise join_ratio or the number of clients.")
+        self.entries = list(net.module.state_dict())  # state_dict's order: parameters and statistics, module by module
 
     def init_server(self, model):
-        return {MIDDLEWARE + k: model[k].unsqueeze(0).repeat(self.models, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
+        middleware = {MIDDLEWARE + k: model[k].unsqueeze(0).repeat(self.models, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
+        return {**middleware, **{STATISTICS + k: model[k].clone() for k in self.net.buffer_keys}}
 
     def positions(self, at) -> torch.Tensor:
         """Which middleware each client of the round's group trains: its place in a keyed shuffle of the group."""
@@ -63,19 +69,22 @@ class FedCross(Method):
     def upload(self, client, server):
         return {k: client[k] for k in self.net.param_keys}
 
-    def similarity(self, models: dict) -> torch.Tensor:
-        """(K, K): Σ over consecutive pairs of tensors (a layer's weight and bias) of the cosine of the two
-        models' pair, plus the last pair (or single tensor) once more, as PFLlib's calculate_similarity."""
-        keys, total = self.net.param_keys, 0
-        groups = [keys[i : i + 2] for i in range(0, len(keys), 2)]
-        for group in groups + groups[-1:]:
-            flat = torch.cat([models[k].flatten(1) for k in group], 1)
-            total = total + F.cosine_similarity(flat[:, None, :], flat[None, :, :], dim=-1)
+    def similarity(self, models: dict, statistics: dict) -> torch.Tensor:
+        """(K, K): Σ over consecutive pairs of state_dict entries of the cosine of the two models' pair, and the
+        last pair once more (an even count) or nothing more (odd: the last entry alone was one term), as
+        PFLlib's calculate_similarity."""
+        k_models, dtype = len(next(iter(models.values()))), next(iter(models.values())).dtype
+        flat = {k: models[k].flatten(1) if k in models else statistics[k].to(dtype).flatten().expand(k_models, -1) for k in self.entries}
+        groups = [self.entries[i : i + 2] for i in range(0, len(self.entries), 2)]
+        total = 0
+        for group in groups + (groups[-1:] if len(self.entries) % 2 == 0 else []):
+            pair = torch.cat([flat[k] for k in group], 1)
+            total = total + F.cosine_similarity(pair[:, None, :], pair[None, :, :], dim=-1)
         return total
 
     def aggregate(self, server, uploads, at):
         models = {k: server[MIDDLEWARE + k].index_put((self.positions(at),), uploads[k]) for k in self.net.param_keys}
-        sim = self.similarity(models)
+        sim = self.similarity(models, {k: server[STATISTICS + k] for k in self.net.buffer_keys})
         k_models = sim.shape[0]
         partner = []
         for j in range(k_models):  # PFLlib's scan: starts from the next model, moves on strictly lower similarity
@@ -86,4 +95,4 @@ class FedCross(Method):
             partner.append(best)
         partner = torch.tensor(partner, device=sim.device)
         a = self.hp.alpha
-        return {MIDDLEWARE + k: a * v + (1 - a) * v[partner] for k, v in models.items()}
+        return {**server, **{MIDDLEWARE + k: a * v + (1 - a) * v[partner] for k, v in models.items()}}

@@ -534,9 +534,40 @@ def test_fedgc_corrects_the_heads_of_clients_without_a_class_away_from_its_embed
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(restricted, torch.searchsorted(own, y)))
 
 
-def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar():
-    sim = sim_for("fedcross", 0, join_ratio="1", dtype="float64", partition="pat:2")
+def pfllib_similarity(a: dict, b: dict, entries: list[str]) -> torch.Tensor:
+    """PFLlib servercross.py's calculate_similarity for two state dicts, its loop as written."""
+    s, cnt = 0.0, 0
+    for p in entries:
+        x, z = a[p].reshape(-1).double(), b[p].reshape(-1).double()
+        if cnt % 2 == 0:
+            sub_a, sub_b = x, z
+        else:
+            sub_a, sub_b = torch.cat((sub_a, x)), torch.cat((sub_b, z))
+        if cnt % 2 == 1:
+            s += F.cosine_similarity(sub_a, sub_b, dim=0)
+        cnt += 1
+    return s + F.cosine_similarity(sub_a, sub_b, dim=0)
+
+
+def odd_backbone(input_shape, num_classes):
+    """Three state_dict entries: PFLlib's similarity counts the last one once."""
+    from torch import nn
+
+    from tuner.models import Backbone
+
+    return Backbone(nn.Sequential(nn.Flatten(), nn.Linear(64, 16)), nn.Sequential(nn.Linear(16, num_classes, bias=False)), 16)
+
+
+@pytest.mark.parametrize("backbone", ["mlp", "tiny_batchnorm", "odd"])  # even, with batch-norm statistics, odd
+def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar(backbone, monkeypatch):
+    from tuner.models import BACKBONES
+
+    monkeypatch.setitem(BACKBONES, "odd", odd_backbone)
+    sim = sim_for("fedcross", 0, join_ratio="1", dtype="float64", partition="pat:2", backbone=backbone)
     m, keys = sim.method, sim.method.net.param_keys
+    entries = list(m.net.module.state_dict())
+    assert len(entries) % 2 == (backbone == "odd")
+    statistics = {k: v[0].clone() for k, v in sim.clients.items() if k in m.net.buffer_keys}  # the initial model's
     seen = []
     aggregate = m.aggregate
     m.aggregate = lambda server, up, at: (seen.append(({k: v.clone() for k, v in up.items()}, m.positions(at))), aggregate(server, up, at))[1]
@@ -554,22 +585,16 @@ def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar
     for i in range(6):  # each client's model is the middleware it trained
         for k in keys:
             torch.testing.assert_close(sim.clients[k][i], up[k][i])
-    trained = {k: torch.zeros_like(up[k]) for k in keys}
+    trained = [{**statistics} for _ in range(6)]  # a middleware keeps the initial statistics: PFLlib's clients copy parameters only
     for i in range(6):
         for k in keys:
-            trained[k][slots[i]] = up[k][i]
-    flat = lambda j, ks: torch.cat([trained[k][j].flatten() for k in ks])  # noqa: E731
-    pairs = [keys[i : i + 2] for i in range(0, len(keys), 2)]
-    sim_tab = [[0.0] * 6 for _ in range(6)]
-    for a in range(6):  # PFLlib's calculate_similarity: each consecutive pair of tensors, the last once more
-        for b in range(a):
-            s = sum(F.cosine_similarity(flat(a, p), flat(b, p), dim=0) for p in pairs + pairs[-1:])
-            sim_tab[a][b] = sim_tab[b][a] = s
+            trained[slots[i]][k] = up[k][i]
+    sim_tab = [[pfllib_similarity(trained[a], trained[b], entries) if a != b else 0.0 for b in range(6)] for a in range(6)]
     for j in range(6):
         others = [p for p in range(6) if p != j]
         least = min(others, key=lambda p: sim_tab[j][p])
         for k in keys:
-            torch.testing.assert_close(sim.server["cross.m." + k][j], 0.99 * trained[k][j] + 0.01 * trained[k][least])
+            torch.testing.assert_close(sim.server["cross.m." + k][j], 0.99 * trained[j][k] + 0.01 * trained[least][k])
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
