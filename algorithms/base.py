@@ -143,6 +143,9 @@ def prefixed_state(state: State) -> State:
     return {SERVER_OPTIMIZER + k: v for k, v in state.items()}
 
 
+IGNORED = -100  # the label of a padded row in a kept partial batch: F.cross_entropy's ignore_index, left out of its mean
+
+
 @dataclass(frozen=True)
 class Phase:
     """One stretch of local training over the client's training data."""
@@ -155,13 +158,21 @@ class Phase:
     batch: int | None = None  # samples drawn per step (None: the run's batch size)
     clip: float | None = None  # each step's gradient clipped to this norm first, as torch.nn.utils.clip_grad_norm_ (None: not clipped)
     clip_groups: tuple[tuple[str, ...], ...] = ()  # prefix groups clipped each on its own (one clip_grad_norm_ per model); (): all together
-    share: float | None = None  # each epoch draws from this share of the client's samples only (FedALA's rand_percent); None: all
+    # each epoch draws from this share of the client's samples only, its last partial batch kept: the rows it lacks
+    # carry label IGNORED, which the phase's loss must leave out as F.cross_entropy does (FedALA's rand_percent, whose
+    # reference loader keeps the partial batch); None: every sample, in full batches
+    share: float | None = None
     project: Callable[[State], State] | None = None  # applied to the trained tensors after each step, elementwise (FedALA's clamp to [0, 1])
 
     def epoch_steps(self, samples: int, run_batch: int) -> int:
-        """Full batches of one epoch (the last partial batch is dropped, as PFLlib does)."""
-        usable = samples if self.share is None else int(self.share * samples)
-        return usable // (self.batch or run_batch)
+        """Batches of one epoch: the full ones (the last partial batch is dropped, as PFLlib does), or with a
+        `share`, every batch of its samples, a partial one included."""
+        batch = self.batch or run_batch
+        return samples // batch if self.share is None else -(-self.sampled(samples) // batch)
+
+    def sampled(self, samples: int) -> int | None:
+        """Samples an epoch of a `share` phase draws (None: the full batches of all of them)."""
+        return None if self.share is None else int(self.share * samples)
 
     def step_count(self, samples: int, run_batch: int) -> int:
         """The steps a client with `samples` training samples takes: every epoch's full batches, up to `steps`."""

@@ -3,18 +3,23 @@
 Shared: the whole backbone (FedAvg). Personal: the element-wise aggregation weights W of the higher layers
 (the last `layer_idx` parameter tensors), starting at 1.
 On receiving the global model θ_g (every client, every round, before it predicts or trains): the lower
-layers take θ_g; the higher layers become θ + (θ_g − θ) ⊙ W, θ the client's own last-trained ones, with
-W learned first on a share (`rand_percent`) of its training data:
+layers take θ_g; the higher layers become θ + (θ_g − θ) ⊙ W, θ the client's own model's, with W learned
+first on a share (`rand_percent`) of its training data:
   W ← clip(W − η ∇_W CE(θ + (θ_g − θ) ⊙ W), 0, 1)   (eq. 5; η = `eta`)
+That blend becomes every client's own model, whether it trains this round or not (PFLlib's `send_models`
+adapts every client); here it is written into θ at the next broadcast (`broadcast`), and a client that
+trained has nothing left to blend in (`end_local`).
 Local loss: CE from that model. Upload: the model. Server: sample-weighted mean.
 Prediction: the adaptively aggregated model.
 
-Sources: TsingZ0/FedALA and PFLlib utils/ALA.py (η = 1, rand_percent 80, layer_idx 2). Differences: the
-reference learns W on a contiguous 80 % slice at a random offset, in order, its last partial batch kept;
-here on 80 % of a keyed shuffle of the client's samples, in full batches. Its first adaptation runs epochs
-until the last ten losses vary by less than 0.1 (at least eleven); here every adaptation is one epoch
-(the engine runs a fixed number of steps). The initial model is not adapted to (the engine runs receive
-phases from round 1's broadcast on), as the reference skips its first iteration.
+Sources: TsingZ0/FedALA and PFLlib utils/ALA.py and serverala.py (η = 1, rand_percent 80, layer_idx 2).
+Differences: the reference learns W on a contiguous slice of `rand_percent` % at a random offset, in order;
+here on as many samples of a keyed shuffle of the client's samples, its last partial batch kept as the
+reference's loader keeps it (Phase.share; the padded rows carry an ignored label, but with batch norm they
+enter its batch statistics). Its first adaptation runs epochs until the last ten losses vary by less than
+0.1 (at least eleven); here every adaptation is one epoch (the engine runs a fixed number of steps). The
+initial model is not adapted to (the engine runs receive phases from round 1's broadcast on), as the
+reference skips its first iteration.
 """
 
 from dataclasses import dataclass
@@ -49,7 +54,7 @@ class FedALA(Method):
     paper = "Zhang et al., AAAI 2023"
     source = "TsingZ0/FedALA (= PFLlib utils/ALA.py)"
     Hparams = FedALAHparams
-    passes = Passes(begin_local=True)  # training starts from the adaptively aggregated model
+    passes = Passes(begin_local=True, end_local=True)  # training starts from the adaptively aggregated model
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
@@ -60,8 +65,9 @@ class FedALA(Method):
         return {**model, **{WEIGHTS + k: torch.ones_like(model[k]) for k in self.higher}, **{RECEIVED + k: model[k].clone() for k in self.higher}}
 
     def broadcast(self, client, server, at):
+        own = self.mixed(client)  # what the last adaptation made the client's model: a client that trained since has it already
         lower = {k: v for k, v in server.items() if self.is_shared(k) and k not in self.higher}  # the lower layers: θ_g
-        return {**client, **lower, **{RECEIVED + k: server[k] for k in self.higher}}
+        return {**client, **own, **lower, **{RECEIVED + k: server[k] for k in self.higher}}
 
     def mixed(self, state):
         """The higher layers θ + (θ_g − θ) ⊙ W."""
@@ -75,6 +81,9 @@ class FedALA(Method):
 
     def begin_local(self, client, server, stats, at):
         return self.mixed(client)
+
+    def end_local(self, client, server, stats, at):
+        return {RECEIVED + k: client[k] for k in self.higher}  # its model is its own now: nothing of θ_g left to blend in
 
     def logits(self, state, server, x):
         return self.net.logits({**state, **self.mixed(state)}, x)

@@ -611,8 +611,10 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
         state = client(sim, i)
         x, y = sim.data.train.client(i)
         w = {k: torch.ones_like(state[k]) for k in higher}  # round 1's weights start at 1
-        schedule = batch_schedule(0, 2, RECEIVE_STREAM, i, len(y), m.training.batch_size, 1)[: int(0.8 * len(y)) // m.training.batch_size]
+        schedule = batch_schedule(0, 2, RECEIVE_STREAM, i, len(y), m.training.batch_size, 1, take=int(0.8 * len(y)))
+        assert (schedule[-1] < 0).any()  # the last batch partial, as the reference's loader (drop_last=False) keeps it
         for rows in schedule:  # the reference's update: W ← clip(W − η ∂L/∂θ_t ⊙ (θ_g − θ), 0, 1)
+            rows = rows[rows >= 0]
             leaves = {k: (state[k] + (state["ala.g." + k] - state[k]) * w[k]).requires_grad_(True) for k in higher}
             F.cross_entropy(m.net.logits({**state, **leaves}, sim.data.decode(x[rows])), y[rows]).backward()
             w = {k: (w[k] - 20.0 * leaves[k].grad * (state["ala.g." + k] - state[k])).clamp(0, 1) for k in higher}
@@ -626,6 +628,22 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
     started = m.begin_local(state, sim.server, {}, None)
     for k in higher:  # and trains from it
         torch.testing.assert_close(started[k], mixed[k])
+
+
+def test_fedala_writes_the_blend_into_every_clients_model_whether_it_trains_or_not():
+    """PFLlib's server adapts every client on sending (serverala.py `send_models`), so a client outside the
+    cohort keeps the blend as its own model and blends the next global model into that."""
+    from tuner.draws import sample_cohort
+
+    sim = sim_for("fedala", 1, join_ratio="0.5", dtype="float64")
+    m, higher = sim.method, sim.method.higher
+    idle = next(i for i in range(6) if i not in sample_cohort(0, 2, 6, (0.5, 0.5)))
+    before = client(sim, idle)  # after round 1's broadcast and adaptation
+    blend = {k: before[k] + (before["ala.g." + k] - before[k]) * before["ala.w." + k] for k in higher}
+    sim.step()  # round 2, without it
+    for k in higher:
+        torch.testing.assert_close(sim.clients[k][idle], blend[k])
+        torch.testing.assert_close(sim.clients["ala.g." + k][idle], sim.server[k])
 
 
 def test_sgd_with_group_learning_rates_is_torchs_sgd_with_parameter_groups():

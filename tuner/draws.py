@@ -30,11 +30,21 @@ def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
 
-def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int) -> torch.Tensor:
-    """(steps, batch) local row indices: a fresh permutation each epoch, last partial batch dropped (as PFLlib)."""
+PADDED = -1  # a schedule's row index past the end of a kept partial batch
+
+
+def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int, take: int | None = None) -> torch.Tensor:
+    """(steps, batch) local row indices: a fresh permutation each epoch, of which the first `take` rows are used
+    (default: the full batches, the last partial batch dropped, as PFLlib); a `take` that leaves a partial batch
+    keeps it, its missing rows PADDED."""
     g = torch.Generator().manual_seed(_mix(seed, rnd, stream, client))
-    usable = n // batch * batch
-    rows = [torch.randperm(n, generator=g)[:usable].view(-1, batch) for _ in range(epochs)]
+    take = n // batch * batch if take is None else take
+    steps = -(-take // batch)
+    rows = []
+    for _ in range(epochs):
+        epoch = torch.full((steps * batch,), PADDED, dtype=torch.long)
+        epoch[:take] = torch.randperm(n, generator=g)[:take]
+        rows.append(epoch.view(steps, batch))
     return torch.cat(rows) if rows else torch.empty(0, batch, dtype=torch.long)
 
 

@@ -20,11 +20,11 @@ import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from algorithms.base import Method, Phase, Round, State
+from algorithms.base import IGNORED, Method, Phase, Round, State
 from algorithms.common import DRAW_KEY
 from tuner.data.augment import augment_draws, crop_flip
 from tuner.data.federated import FederatedData, Split
-from tuner.draws import augment_seed, batch_schedule, draw_keys
+from tuner.draws import PADDED, augment_seed, batch_schedule, draw_keys
 from tuner.errors import OutOfMemory, UserError
 from tuner.steps import CHUNKS, CompiledStep, EagerStep, Program, Ran, compile_errors, first_line, pure_step, say
 
@@ -32,12 +32,10 @@ EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
 
 
-def epochs_of(phase: Phase, schedule: torch.Tensor, samples: int, batch: int) -> torch.Tensor:
-    """A phase's rows of a client's batch schedule: each epoch's first `share` of batches, up to `steps`."""
-    if phase.share is not None:
-        per, keep = samples // batch, phase.epoch_steps(samples, batch)
-        schedule = torch.cat([schedule[e * per : e * per + keep] for e in range(phase.epochs)])
-    return schedule[: phase.steps]
+def phase_schedule(phase: Phase, seed: int, rnd: int, stream: int, client: int, samples: int, batch: int) -> torch.Tensor:
+    """A phase's (steps, batch) rows of a client's samples: each epoch a fresh permutation in full batches, or its
+    first `share` of samples with the last partial batch kept (padded); at most `steps`."""
+    return batch_schedule(seed, rnd, stream, client, samples, batch, phase.epochs, phase.sampled(samples))[: phase.steps]
 
 
 @dataclass
@@ -196,7 +194,7 @@ class Executor:
             keys = self._trainable(phase, cohort)
             batch = phase.batch or run_batch
             stream = stream_base + p_idx
-            scheds = [epochs_of(phase, batch_schedule(s.seed, at.number, stream, i, train.counts[i], batch, phase.epochs), train.counts[i], batch) for i in ids]
+            scheds = [phase_schedule(phase, s.seed, at.number, stream, i, train.counts[i], batch) for i in ids]
             draws = [augment_draws(augment_seed(s.seed, at.number, stream, i), *q.shape) for i, q in zip(ids, scheds)] if s.augment else None
             noise = [draw_keys(s.seed, at.number, stream, i, len(q)) for i, q in zip(ids, scheds)] if self.method.draws else None
 
@@ -211,7 +209,7 @@ class Executor:
                 aug = None if draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
                 key = None if noise is None else torch.zeros(len(order), n_steps[0], dtype=torch.long)
                 for r, j in enumerate(order):
-                    index[r, : n_steps[r]] = scheds[j] + train.offsets[ids[j]]
+                    index[r, : n_steps[r]] = torch.where(scheds[j] == PADDED, PADDED, scheds[j] + train.offsets[ids[j]])
                     if aug is not None:
                         aug[r, : n_steps[r]] = draws[j]
                     if key is not None:
@@ -230,7 +228,7 @@ class Executor:
                     state = CHUNKS.view("state", rows)
                     return {k: state[k] for k in keys}, CHUNKS.view(f"optimizer {p_idx}", rows), {k: v for k, v in state.items() if k not in keys}
 
-                self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss)
+                self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss, phase.share is not None)
                 for k, v in tensors.items():
                     cohort[k][order_t] = v
                 losses[order_t] += chunk_loss
@@ -240,10 +238,11 @@ class Executor:
         return (losses / steps.clamp(min=1)).cpu()
 
     def run_steps(self, step, active: list[int], chunk_rows: Callable[[int], tuple[State, State, State]], server: State, index, aug, key,
-                  chunk_loss) -> None:  # fmt: skip
+                  chunk_loss, partial: bool) -> None:  # fmt: skip
         """The chunk's steps: step t trains its `active[t]` first rows (padded for a compiled step) on their rows
         of the schedule; the chunk's tensors (`chunk_rows(rows)`: parameters, optimizer state, the rest) are
-        updated in place, each client's losses summed in chunk_loss."""
+        updated in place, each client's losses summed in chunk_loss. `partial`: the schedule keeps partial
+        batches, whose padded rows take any sample and the label IGNORED."""
         total, views = len(chunk_loss), {}
         for t, a in enumerate(active):
             rows = step.rows(a, total)
@@ -251,10 +250,14 @@ class Executor:
                 views[rows] = chunk_rows(rows)
             params, opt_state, rest = views[rows]
             idx = index[:rows, t]
+            if partial:
+                padded = idx == PADDED
+                idx = idx.masked_fill(padded, 0)
+            y = self.data.train.y[idx].masked_fill(padded, IGNORED) if partial else self.data.train.y[idx]
             x = self._inputs(idx, None if aug is None else aug[:rows, t])
             if key is not None:
                 rest = {**rest, DRAW_KEY: key[:rows, t]}
-            loss = step(params, opt_state, rest, server, x, self.data.train.y[idx], a)
+            loss = step(params, opt_state, rest, server, x, y, a)
             chunk_loss[:rows] += loss.detach()  # no host sync per step
 
     def summer(self, fn: Callable, hook: str, at: Round) -> tuple[Callable, bool]:
