@@ -328,11 +328,12 @@ class Method:
         raise NotImplementedError
 
     def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None,
-            batch: int | None = None, clip: float | None = None, clip_groups: tuple[tuple[str, ...], ...] = ()) -> Phase:  # fmt: skip
-        """A phase with the run's optimizer (momentum, weight decay); epochs and lr default to the run's."""
+            batch: int | None = None, clip: float | None = None, clip_groups: tuple[tuple[str, ...], ...] = (), plain: tuple[str, ...] = ()) -> Phase:  # fmt: skip
+        """A phase with the run's optimizer (momentum, weight decay; not for the tensors under `plain`); epochs and
+        lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay), loss, steps, batch, clip, clip_groups)
+        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay, plain=plain), loss, steps, batch, clip, clip_groups)
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]

@@ -11,6 +11,8 @@ Prediction: head(f(x) + b_i).
 
 Sources: TsingZ0/DBE clientDBE.py / serverDBE.py and PFLlib clientdbe.py (the same code); the authors'
 Fashion-MNIST run (run_me.sh): κ = 50, ρ = 1 (the running mean is then the batch's own mean).
+The bias steps by its plain gradient at the run's learning rate, as the reference's separate
+`opt_client_mean` (a plain SGD), while the model takes the run's momentum and weight decay.
 Differences: the reference computes m_g in a pass before round 1 in which every client trains an epoch
 without b_i and the regularizer, then drops what that epoch trained; here round 1 is that pass, with
 what it trained kept (the curve is one FedAvg round ahead of the reference's).
@@ -52,7 +54,7 @@ class FedDBE(Method):
         return {**super().init_server(model), GLOBAL_MEAN: zeros, READY: torch.zeros((), device=zeros.device)}
 
     def phases(self):
-        return [self.sgd(("body.", "head.", BIAS))]
+        return [self.sgd(("body.", "head.", BIAS), plain=(BIAS,))]
 
     def begin_local(self, client, server, stats, at):
         return {RUNNING: torch.zeros_like(client[RUNNING])}

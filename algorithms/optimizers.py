@@ -17,32 +17,37 @@ class SGD:
     a dict of tensors as its foreach path does. Its state is the momentum buffers ({} without). The
     numbers may be 0-dim tensors (a compiled step's inputs: hyperparameter_inputs). `group_lrs` gives
     tensors under a prefix a learning rate of their own, as torch.optim's parameter groups (APPLE's
-    coefficients beside its core model)."""
+    coefficients beside its core model); `plain` steps tensors under a prefix without momentum or weight
+    decay, as a second, plain torch.optim.SGD at the same rate (FedDBE's bias)."""
 
     lr: Number
     momentum: Number = 0.0
     weight_decay: Number = 0.0
     group_lrs: tuple[tuple[str, Number], ...] = ()  # (prefix, lr): these tensors step at this lr instead
+    plain: tuple[str, ...] = ()  # prefixes of tensors stepped by the plain gradient
 
     def init(self, params: State) -> State:
-        return {k: torch.zeros_like(v) for k, v in params.items()} if is_on(self.momentum) else {}
+        return {k: torch.zeros_like(v) for k, v in params.items() if not k.startswith(self.plain)} if is_on(self.momentum) else {}
 
     def step(self, params: State, grads: State, state: State) -> None:
-        p = list(params.values())
-        d = [grads[k] for k in params]
+        keys = list(params)
+        held = [k for k in keys if not k.startswith(self.plain)]  # the rest step by their plain gradient
+        p = [params[k] for k in held]
+        d = [grads[k] for k in held]
         if is_on(self.weight_decay):
             d = torch._foreach_add(d, torch._foreach_mul(p, self.weight_decay))
         if is_on(self.momentum):
-            buf = [state[k] for k in params]
+            buf = [state[k] for k in held]
             torch._foreach_mul_(buf, self.momentum)
             torch._foreach_add_(buf, d)
             d = buf
-        groups: dict[str, list[int]] = {}  # keyed by prefix, never by the lr itself: a compiled step guards on what it reads
-        for i, key in enumerate(params):
-            groups.setdefault(next((prefix for prefix, _ in self.group_lrs if key.startswith(prefix)), ""), []).append(i)
+        direction = {**{k: grads[k] for k in keys}, **dict(zip(held, d))}
+        groups: dict[str, list[str]] = {}  # keyed by prefix, never by the lr itself: a compiled step guards on what it reads
+        for key in keys:
+            groups.setdefault(next((prefix for prefix, _ in self.group_lrs if key.startswith(prefix)), ""), []).append(key)
         lrs = dict(self.group_lrs)
         for prefix, group in groups.items():  # one fused update per learning rate
-            torch._foreach_sub_([p[i] for i in group], torch._foreach_mul([d[i] for i in group], lrs.get(prefix, self.lr)))
+            torch._foreach_sub_([params[k] for k in group], torch._foreach_mul([direction[k] for k in group], lrs.get(prefix, self.lr)))
 
 
 @dataclass(frozen=True)

@@ -666,6 +666,29 @@ def test_sgd_with_group_learning_rates_is_torchs_sgd_with_parameter_groups():
         torch.testing.assert_close(ours[k], theirs[k].detach(), rtol=0, atol=1e-15)
 
 
+def test_feddbe_steps_its_bias_by_plain_sgd_beside_the_models_momentum_and_weight_decay():
+    """The reference steps the bias with its own plain torch.optim.SGD (`opt_client_mean`) and the model with the
+    run's optimizer: FedDBE's phase does the same in one step."""
+    sim = sim_for("feddbe", 0, dtype="float64", momentum=0.9, weight_decay=0.01)
+    opt = sim.method.phases()[0].optimizer
+    torch.manual_seed(0)
+    start = {"body.w": torch.randn(3, 4, dtype=torch.float64), "head.b": torch.randn(4, dtype=torch.float64), "dbe.bias": torch.randn(5, dtype=torch.float64)}
+    ours = {k: v.clone() for k, v in start.items()}
+    state = opt.init(ours)
+    assert set(state) == {"body.w", "head.b"}  # no momentum buffer for the bias
+    theirs = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    model = torch.optim.SGD([theirs["body.w"], theirs["head.b"]], lr=sim.method.training.lr, momentum=0.9, weight_decay=0.01)
+    bias = torch.optim.SGD([theirs["dbe.bias"]], lr=sim.method.training.lr)
+    for step in range(3):
+        opt.step(ours, {k: torch.sin(ours[k] * (step + 1)) for k in ours}, state)
+        for v in theirs.values():
+            v.grad = torch.sin(v.detach() * (step + 1))
+        model.step()
+        bias.step()
+    for k in start:
+        torch.testing.assert_close(ours[k], theirs[k].detach(), rtol=0, atol=1e-15)
+
+
 def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_received_core():
     sim = sim_for("apple", 1, join_ratio="1", dtype="float64", rounds=30, hparams={"lr_p": 0.05})
     m, keys, n = sim.method, sim.method.net.param_keys, 6
