@@ -286,17 +286,10 @@ def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed
 def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_report_prints_of_the_committed_runs():
     from pathlib import Path
 
-    from tuner.papers import load_tables
-    from tuner.report.runs import find_runs, summarize
-    from tuner.report.tables import paper_cell, paper_tables
-
     root = Path(__file__).resolve().parents[1]
 
     def fedpac_table1(folder):
-        runs, unreadable = find_runs([root / "results" / folder])
-        assert not unreadable
-        summaries = pd.DataFrame([summarize(r, None) for r in runs]).assign(cell=[paper_cell(r["config"]) for r in runs])
-        t = paper_tables(summaries, load_tables())
+        t = committed_paper_tables(folder)
         return t[(t["paper"] == "FedPAC") & (t["table"] == "Table1") & (t["column"] == "FMNIST dominant_s20") & (t["seeds"] > 0)].set_index("method")
 
     gpu, cpu = fedpac_table1("gpu/fedpac-table1-fmnist-h100"), fedpac_table1("reproduction")
@@ -312,6 +305,40 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
     for method, on_cpu, on_gpu, _ in rows:
         assert on_cpu == f"{cpu.loc[method, 'ours_mean']:.2f}" and cpu.loc[method, "rounds"] == 8
         assert on_gpu == (f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})" if method in gpu.index else "—")
+
+
+def committed_paper_tables(folder: str) -> pd.DataFrame:
+    """The papers' tables `tuner report` makes of the committed runs under results/FOLDER."""
+    from pathlib import Path
+
+    from tuner.papers import load_tables
+    from tuner.report.runs import find_runs, summarize
+    from tuner.report.tables import paper_cell, paper_tables
+
+    runs, unreadable = find_runs([Path(__file__).resolve().parents[1] / "results" / folder])
+    assert not unreadable
+    summaries = pd.DataFrame([summarize(r, None) for r in runs]).assign(cell=[paper_cell(r["config"]) for r in runs])
+    return paper_tables(summaries, load_tables())
+
+
+def test_the_agreement_figures_on_the_pages_are_what_the_report_computes_of_the_committed_runs():
+    from pathlib import Path
+
+    from tuner.report.tables import agreement, agreement_line
+
+    root = Path(__file__).resolve().parents[1]
+    flat = lambda path: " ".join((root / path).read_text().split())  # noqa: E731
+    page, readme = flat("docs/reproduction.md"), flat("README.md")
+    lines = lambda t: {(a.table, a.column): agreement_line(a) for a in agreement(t).itertuples() if a.paper in ("FedPAC", "GPFL")}  # noqa: E731
+    cpu, gpu = committed_paper_tables("reproduction"), committed_paper_tables("gpu/fedpac-table1-fmnist-h100")
+    quoted = [lines(cpu)["Table1", "FMNIST dominant_s20"], lines(cpu)["Table1", "FMNIST practical β=0.1"], lines(gpu)["Table1", "FMNIST dominant_s20"]]
+    finished = gpu[(gpu["paper"] == "FedPAC") & (gpu["table"] == "Table1") & (gpu["rounds"] == 200)]
+    done = next(agreement(finished).itertuples())
+    quoted.append(agreement_line(done))
+    for line in quoted:
+        assert line in page, line
+    assert (f"The {done.methods} runs that reached 200 rounds in the table's own forms agree with the paper: Spearman {done.spearman:.2f}, "
+            f"mean |Δ| {done.mean_abs_difference:.2f} points, {done.within_1} within 1 point") in readme  # fmt: skip
 
 
 def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_points_within_one():
