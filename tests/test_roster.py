@@ -827,3 +827,24 @@ def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
     cpu, gpu = (pd.read_parquet(ROOT / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
                 for f in ("roster-fmnist/fedavg", "roster-fmnist-cuda/fedavg"))
     assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in section
+
+
+def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
+    """The thirteen runs that shared one H100 with a FedAvg run: each run's median round and the slowest run's whole
+    time bound what the pages say of them (no figure of the GPU's use was kept, so none is written)."""
+    folders = [d for d in (ROOT / "results" / "roster-fmnist").iterdir() if yaml.safe_load((d / "config.yaml").read_text())["device"].startswith("cuda")]
+    folders.append(ROOT / "results" / "roster-fmnist-cuda" / "fedavg")
+    times = {d: pd.read_parquet(d / "metrics.parquet")["time_s"] for d in folders}
+    assert len(times) == 14
+    medians = [t.median() for t in times.values()]
+    slowest = max(times, key=lambda d: times[d].sum())
+    rate = sum(len(t) for t in times.values()) / times[slowest].sum()
+    said = (f"a median of {min(medians):.1f} to {max(medians):.1f} s a round each while they shared it (their `time_s`); the slowest, "
+            f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so the fourteen ran at most {rate:.2f} rounds/s together")  # fmt: skip
+    assert slowest.name == "fedgen"
+    for page in ("README.md", "docs/methods.md"):
+        assert said in " ".join((ROOT / page).read_text().split()), page
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    assert f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg {times[folders[-1]].median():.1f} s" in performance
+    assert f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so together they ran at most {rate:.2f} rounds/s" in performance
+    assert "% busy" not in performance and "GPU use" not in performance
