@@ -245,6 +245,20 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
     assert f"GPFL {repaid['gpfl', 'cnn4']} rounds, FedCP {repaid['fedcp', 'cnn4']}, FedAvg {repaid['fedavg', 'cnn4']}" in performance
 
 
+def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_the_committed_campaign():
+    from tuner.config import CPU_COMPILE_ROUNDS
+    from tuner.sweep.cluster import TRIALS_PER_GPU
+
+    flat = lambda page: " ".join((ROOT / page).read_text().split())  # noqa: E731
+    titles = {"gpfl": "GPFL", "fedcp": "FedCP", "fedavg": "FedAvg"}
+    assert {m for m, _ in CUDA_COMPILE_ROUNDS} == set(titles) and {b for _, b in CUDA_COMPILE_ROUNDS} == {"cnn4"}
+    assert (f"on a CPU from {CPU_COMPILE_ROUNDS['cnn4']} rounds on cnn4 and {CPU_COMPILE_ROUNDS['mlp']} on the MLP, on CUDA only for "
+            "GPFL, FedCP and FedAvg on cnn4, else eager") in flat("docs/running.md")  # fmt: skip
+    rates = json.loads((ROOT / "results/gpu/campaign-h100/campaign.json").read_text())["sharing"]["rounds_per_second"]
+    assert TRIALS_PER_GPU == len(rates) == 2 and rates["2"] > 1.9 * rates["1"]
+    assert f"ran {rates['2']:.2f} rounds/s together against {rates['1']:.2f} for one" in flat("docs/sweeps.md")
+
+
 def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_stay_static():
     sim = build_simulation(digits("gpfl", dtype="float64", hparams=dict(lam=0.0, mu=0.3)))
     hp, training = sim.method.hp, sim.method.training
