@@ -434,3 +434,25 @@ def test_the_gpfl_comparison_with_pfllib_on_the_page_is_the_committed_curves():
         assert [c.strip() for c in rows[label]] == [f"{curve[r]:.2f}" if r in curve and pd.notna(curve[r]) else "" for r in rounds], label
     assert max(abs(ours[r] - theirs[r]) for r in range(4, 21)) <= 1.6 + 1e-9
     assert all(gpfl.loc[r].min() <= ours[r] <= gpfl.loc[r].max() for r in (1, 2, 3))
+
+
+def test_the_reference_forms_tables_on_the_reproduction_page_are_the_committed_runs():
+    """Every row of the section's tables, from results/forms: the best round and the tenth rounds (best round's test
+    accuracy, the papers' figure for GPFL and FedCP), and the final round for FedPAC's optimizer."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "reproduction.md").read_text().split("## Reference forms, measured")[1].split("\n## ")[0]
+    acc = lambda name: pd.read_parquet(root / "results" / "forms" / name / "metrics.parquet").set_index("round")["acc"] * 100  # noqa: E731
+    published = {"dir": "97.81", "pat": "99.85"}
+    for split in ("dir", "pat"):
+        for first, second, paper in ((f"{split}-gpfl-paper", f"{split}-gpfl-pfllib", published[split]), (f"{split}-fedcp-softmax", f"{split}-fedcp-gumbel", "")):
+            a, b = acc(first), acc(second)
+            best = " | ".join(f"{c.max():.2f} ({c.idxmax()})" for c in (a, b))
+            tenths = " | ".join(" / ".join(f"{c[r]:.1f}" for r in (10, 20, 30, 40, 50)) for c in (a, b))
+            tail = f" | {paper} |" if paper else " |"
+            assert f"| best round (round) | {best}{tail}" in page, (first, best)
+            assert f"| round 10 / 20 / 30 / 40 / 50 | {tenths} |" + (" |" if paper else "") in page, (first, tenths)
+    for method, paper in (("FedAvg", "85.28"), ("FedPer", "87.43")):
+        final = [f"{acc(f'pac-{method.lower()}-{form}').iloc[-1]:.2f}" for form in ("momentum", "plain")]
+        assert f"| {method} | {final[0]} | {final[1]} | {paper} |" in page, method
