@@ -1,6 +1,7 @@
 """`tuner report`: runs and sweeps collected, the papers' tables rebuilt with mean ± std over seeds."""
 
 import json
+import re
 import os
 
 import pandas as pd
@@ -456,3 +457,60 @@ def test_the_reference_forms_tables_on_the_reproduction_page_are_the_committed_r
     for method, paper in (("FedAvg", "85.28"), ("FedPer", "87.43")):
         final = [f"{acc(f'pac-{method.lower()}-{form}').iloc[-1]:.2f}" for form in ("momentum", "plain")]
         assert f"| {method} | {final[0]} | {final[1]} | {paper} |" in page, method
+
+
+B30, GPU, BEFORE = "baselines30", "gpu/fedpac-table1-fmnist-h100", "before-34"
+THIRTY_ROUND_TABLES = {  # the reproduction page's 30-round tables: (section, {row label: what the row was read from})
+    "## Baselines over 30 rounds": {
+        ("Local-only",): f"{B30}/pac-local", ("FedAvg",): f"{B30}/pac-fedavg", ("Per-FedAvg",): f"{B30}/pac-per-fedavg",
+        ("FedFomo",): f"{B30}/pac-fedfomo", ("kNN-Per",): f"{BEFORE}/pac-knn-per", ("pFedHN",): f"{BEFORE}/pac-pfedhn",
+        ("SCAFFOLD",): f"{B30}/pac-scaffold", ("FedPHP",): f"{B30}/pac-fedphp"},
+    "## The last deviations, measured": {
+        ("Local-only", ""): f"{B30}/pac-local", ("FedAvg", ""): f"{B30}/pac-fedavg",
+        ("APFL", "paper's form (H100, unchanged)"): f"{GPU}/pac-apfl", ("APFL", "`apfl-outputs`, the table's"): f"{B30}/pac-apfl-outputs",
+        ("FedAvg-FT", "before (H100)"): f"{GPU}/pac-fedavg_ft", ("FedAvg-FT", "now"): f"{B30}/pac-fedavg_ft",
+        ("pFedMe", "before (H100)"): f"{GPU}/pac-pfedme", ("pFedMe", "now"): f"{B30}/pac-pfedme",
+        ("Ditto", "before (H100)"): f"{GPU}/pac-ditto", ("Ditto", "now"): f"{B30}/pac-ditto",
+        ("kNN-Per", "before"): f"{BEFORE}/pac-knn-per", ("kNN-Per", "now"): f"{B30}/pac-knn-per",
+        ("pFedHN", "before"): f"{BEFORE}/pac-pfedhn", ("pFedHN", "now"): f"{B30}/pac-pfedhn",
+        ("FedEM-FT-M3", "before (H100)"): f"{GPU}/pac-fedem-ft-m3", ("FedEM-FT-M3", "now"): f"{B30}/pac-fedem-ft-m3"},
+    "## The last forms, second round": {
+        ("Local-only", "FedPAC's split"): f"{B30}/pac-local", ("FedAvg", "FedPAC's split"): f"{B30}/pac-fedavg",
+        ("pFedMe", "the paper's: θ_i predicts"): f"{B30}/pac-pfedme", ("pFedMe", "`pfedme-official`: w_i as trained predicts"): f"{B30}/pac-pfedme-official",
+        ("kNN-Per", "the paper's: probabilities mixed, λ rule"): f"{B30}/pac-knn-per",
+        ("kNN-Per", "`knn-per-logits`, the table's: λ rule (ours)"): f"{B30}/knn-per-lambda.csv:acc_rule",
+        ("kNN-Per", "`knn-per-logits` with λ = 0.5 fixed"): f"{B30}/knn-per-lambda.csv:acc_lambda_0.5",
+        ("FedEM-FT-M3", "before: π_i mixes the tuned components"): f"{B30}/pac-fedem-ft-m3",
+        ("FedEM-FT-M3", "now: uniform 1/M, the authors' tuned ensemble"): f"{B30}/pac-fedem-ft-m3-uniform",
+        ("Local-only", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/local", ("FedAvg", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/fedavg",
+        ("FedPHP-PFLlib", "before: μ(R+1)/T"): f"{B30}/digits-dir0.1/fedphp-pfllib-before", ("FedPHP-PFLlib", "now: μR/T, R the rounds done"): f"{B30}/digits-dir0.1/fedphp-pfllib"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("section", THIRTY_ROUND_TABLES)
+def test_the_30_round_tables_on_the_reproduction_page_are_the_committed_runs(section):
+    """Each cell r<N> is the run's test accuracy at round N, "best" the best round up to the table's last round
+    (or up to the round the run reached, said as "(≤ N)"), "—" a round the run did not reach."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "reproduction.md").read_text().split(section)[1].split("\n## ")[0]
+    tables = [[[c.strip() for c in line.strip().strip("|").split("|")] for line in block.splitlines() if not re.fullmatch(r"\|[\s:|-]+\|", line.strip())]
+              for block in re.findall(r"(?:^\|.*\n)+", text, flags=re.M)]  # fmt: skip
+    header, *rows = next(t for t in tables if "r1" in t[0])  # the section's table of rounds
+    rounds = [int(h[1:]) for h in header if re.fullmatch(r"r\d+", h)]
+    first = header.index(f"r{rounds[0]}")
+    sources = THIRTY_ROUND_TABLES[section]
+    assert {tuple(r[:first]) for r in rows} == set(sources)
+    for row in rows:
+        where = sources[tuple(row[:first])]
+        if ":" in where:  # a bench's CSV: one column of accuracies by round
+            path, column = where.split(":")
+            acc = pd.read_csv(root / "results" / path).set_index("round")[column] * 100
+        else:
+            acc = pd.read_parquet(root / "results" / where / "metrics.parquet").set_index("round")["acc"] * 100
+        cells = row[first : first + len(rounds)]
+        assert cells == [f"{acc[r]:.2f}" if r in acc.index else "—" for r in rounds], (row[:first], where)
+        reached = max(r for r in rounds if r in acc.index)
+        best = f"{acc.loc[:reached].max():.2f}" + ("" if reached == rounds[-1] else f" (≤ {reached})")
+        assert row[first + len(rounds)] == best, (row[:first], where)
