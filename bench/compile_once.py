@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
+
+from bench import provenance  # noqa: E402
 SMALL = dict(method="gpfl", dataset="digits", partition="dir:0.1", clients=20, batch_size=10, executor="vectorized", eval_gap=10**6)
 TRIALS = [dict(lr=0.05, hparams=dict(lam=0.01, mu=0.1)), dict(lr=0.02, hparams=dict(lam=0.1, mu=0.3)), dict(lr=0.1, hparams=dict(lam=0.001, mu=0.01))]
 
@@ -218,7 +221,7 @@ def main() -> None:
     print(f"compile_once on CPU ({torch.get_num_threads()} threads), torch {torch.__version__}", flush=True)
     results = {stage: STAGES[stage]() for stage in args.stages}
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        provenance.write(args.json, results)
 
 
 if __name__ == "__main__":

@@ -29,18 +29,22 @@ Also `--sequential` times the sequential executor (the reference, slow). Usage:
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.func import grad_and_value
 
-from tuner.config import RunConfig
-from tuner.run import build_simulation
-from tuner.steps import INDUCTOR_CONFIGS, compile_program
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
+
+from bench import provenance  # noqa: E402
+from tuner.config import RunConfig  # noqa: E402
+from tuner.run import build_simulation  # noqa: E402
+from tuner.steps import INDUCTOR_CONFIGS, compile_program  # noqa: E402
 
 TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
     "fedavg": dict(partition="dir:0.1"),
@@ -182,7 +186,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--sequential", action="store_true", help="also time the sequential executor")
-    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--json", help="also write the figures to this file, with the command, commit and machine")
     args = ap.parse_args()
     print(f"Table 1 settings, training only, {args.rounds} timed rounds after a warm-up, on {device_name(args.device)}")
     results = {}
@@ -202,8 +206,7 @@ def main() -> None:
         line += f"  whole round {r['compiled whole round s']:.3f} s  ({r['programs']} programs, {r['inductor']}; CUDA graphs: {r['graph calls']} calls, {r['graph skips']} skipped)"
         print(line, flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        provenance.write(args.json, results)
 
 
 if __name__ == "__main__":

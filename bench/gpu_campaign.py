@@ -41,7 +41,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -59,6 +58,7 @@ from bench.campaign.sharing import sharing  # noqa: E402
 from bench.campaign.speed import SPEED_METHODS, profile, speed  # noqa: E402
 from bench.campaign.summary import summary_markdown  # noqa: E402
 from bench.engine_speed import what_ran  # noqa: E402
+from bench.provenance import commit  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
 
@@ -139,7 +139,7 @@ class Campaign:
         else:
             env |= {"name": f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"}
         env["packages"] = {name: _version(name) for name in PACKAGES}
-        env["commit"] = _commit()
+        env["commit"] = commit()
         missing = [n for n in ("cvxpy", "pandas", "pyarrow") if env["packages"][n] is None]
         env["line"] = f"{env['name']}, torch {env['torch']}, CUDA {env['cuda']}" + (f"; missing {', '.join(missing)}" if missing else "")
         return env
@@ -200,16 +200,6 @@ def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
         for key in ("acc", "train_loss", "test_loss"):
             assert abs(r_seq[key] - r_vec[key]) <= 1e-9 * max(1.0, abs(r_seq[key])), f"{key}: {r_seq[key]} vs {r_vec[key]}"
     return {"max_abs_difference": worst, **(what_ran(vec) if cfg.engine == "compiled" else {})}
-
-
-def _commit() -> str:
-    """The checkout's commit, with "+changes" where its tracked files differ from it ("" outside a git checkout)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return head + ("+changes" if dirty else "")
 
 
 def _version(name: str) -> str | None:

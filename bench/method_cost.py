@@ -5,19 +5,24 @@ PFLlib protocol), each method at its defaults. The first round timed, training a
 both (every method pays the same first-round costs of allocation), since methods differ in both (FedAvg-FT and FedBABU fine-tune before
 evaluating, kNN-Per builds its datastore). Prints a Markdown table: s/round and the ratio to FedAvg.
 Usage: python bench/method_cost.py [--dataset fmnist] [--partition dir:0.1] [--clients 20]
-       [--executor vectorized] [--device auto] [--methods fedavg ditto ...]
+       [--executor vectorized] [--device auto] [--methods fedavg ditto ...] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from algorithms import METHODS
-from tuner.config import RunConfig, resolve_layers
-from tuner.run import build_data, build_simulation
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
+
+from algorithms import METHODS  # noqa: E402
+from bench import provenance  # noqa: E402
+from tuner.config import RunConfig, resolve_layers  # noqa: E402
+from tuner.run import build_data, build_simulation  # noqa: E402
 
 
 def seconds_per_round(cfg: RunConfig, data, sync) -> float:
@@ -37,6 +42,7 @@ def main() -> None:
     ap.add_argument("--executor", default="vectorized")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--methods", nargs="*", default=["fedavg"] + sorted(n for n, c in METHODS.items() if not c.family and n != "fedavg"))
+    ap.add_argument("--json", help="also write the figures to this file, with the command, commit and machine")
     args = ap.parse_args()
     settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 1,
                 "executor": args.executor, "device": args.device}  # fmt: skip
@@ -54,6 +60,8 @@ def main() -> None:
     print("| method | s / round | × FedAvg |\n| --- | --- | --- |")
     for name, seconds in rows:
         print(f"| {METHODS[name].title} | {seconds:.2f} | {seconds / base:.2f} |")
+    if args.json:
+        provenance.write(args.json, {"setting": settings, "s per round": dict(rows)})
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The 8 configurations are a grid over the learning rate (so the sweep runs exactl
 on the scikit-learn digits, 10 clients, Dir(0.1), ROUNDS rounds each. The sweep runs once with one
 trial at a time (pure overhead: Ray start, trial actors, reporting, checkpoints) and once with as
 many trials at once as the machine has cores (what a user gets by default).
-Usage: python bench/sweep_overhead.py [--rounds 10]
+Usage: python bench/sweep_overhead.py [--rounds 10] [--json FILE]
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
+
+from bench import provenance  # noqa: E402
 LRS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15]
 SETTINGS = {"dataset": "digits", "partition": "dir:0.1", "clients": 10, "executor": "sequential", "checkpoint_every": 5}
 
@@ -32,6 +35,7 @@ def tuner(*args: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--json", help="also write the figures to this file, with the command, commit and machine")
     args = parser.parse_args()
     settings = {**SETTINGS, "rounds": args.rounds}
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,6 +56,10 @@ def main() -> None:
     print(f"  tuner run, back to back:          {back_to_back:7.1f} s")
     print(f"  tuner sweep, 1 trial at a time:   {one_at_a_time:7.1f} s  -> overhead ratio {one_at_a_time / back_to_back:.2f}x")
     print(f"  tuner sweep, default concurrency: {parallel:7.1f} s  -> {back_to_back / parallel:.2f}x the back-to-back throughput")
+    if args.json:
+        provenance.write(args.json, {"rounds": args.rounds, "cores": cores, "back to back s": back_to_back, "sweep one at a time s": one_at_a_time,
+                                     "sweep default concurrency s": parallel, "overhead ratio": one_at_a_time / back_to_back,
+                                     "throughput ratio": back_to_back / parallel})  # fmt: skip
 
 
 if __name__ == "__main__":
