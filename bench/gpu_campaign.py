@@ -227,13 +227,19 @@ def _check(deadline: float, fn) -> dict:
         return {"status": "failed", "message": f"{type(e).__name__}: {e}"[:2000], "seconds": round(time.monotonic() - t0, 2)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(description: str, budget_min: float) -> argparse.ArgumentParser:
+    """The options the campaign and the GPU check share."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", help="folder with Fashion-MNIST's idx .gz files (not needed with --smoke)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-min", type=float, default=25.0)
+    ap.add_argument("--budget-min", type=float, default=budget_min)
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
     ap.add_argument("--smoke", action="store_true", help="every stage in miniature on digits: seconds, for the test suite")
+    return ap
+
+
+def main() -> None:
+    ap = arguments(__doc__.split("\n\n")[0], budget_min=25.0)
     ap.add_argument("--stages", default=",".join(s.replace(" ", "-") for s in STAGES), help="which stages this command runs, comma-separated")
     ap.add_argument("--methods", nargs="+", help="the methods the correctness stage checks (default: all)")
     ap.add_argument("--engine", default="eager", choices=["eager", "compiled"], help="the engine the correctness stage checks on the device")

@@ -22,7 +22,6 @@ printed as one line (a stop loses nothing; a later campaign command adds to the 
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from bench.campaign.speed import profile, speed  # noqa: E402
-from bench.gpu_campaign import Campaign, _check, _verdict, executors_equal  # noqa: E402
+from bench.gpu_campaign import Campaign, _check, _verdict, arguments, executors_equal  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.35, "speed": 0.5, "profile": 0.13}
 # A method a family: plain steps (FedAvg), GPFL's and FedCP's added modules, keyed noise (FedCP-Gumbel), statistics
@@ -71,14 +70,9 @@ def correctness(campaign: Campaign, deadline: float) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", help="folder with Fashion-MNIST's idx .gz files (not needed with --smoke)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-min", type=float, default=8.0)
-    ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
+    ap = arguments(__doc__.split("\n\n")[0], budget_min=8.0)
     ap.add_argument("--parallel", type=int, default=max(1, min(len(CHECK_METHODS) + 1, (os.cpu_count() or 2) // 2)),
                     help="correctness checks compiling at once (default: half the CPU cores)")  # fmt: skip
-    ap.add_argument("--smoke", action="store_true", help="the same code in miniature on digits, for the test suite")
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
