@@ -55,11 +55,10 @@ def auto_executor(device: str, batch_size: int) -> str:
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
 
 
-# Rounds on a CPU from which compiling repays itself (bench/compile_once.py, bench/engine_speed.py; docs/performance.md,
-# "Compiling once"): compiling costs about the same everywhere (72-110 s cold on the 2-core machine), but what a
-# round saves depends on how much of it is small operations. The small setting (GPFL, digits, mlp, 20 clients of
-# dir:0.1, batch 10) saves 0.195 s of 0.262 a round: 370 rounds cold (51 warm); Table 1's (cnn4, Fashion-MNIST)
-# saves 2.0 of FedAvg's 24.1 s (35 rounds) and 23.4 of GPFL's 48.8 (5). Unmeasured backbones take the largest.
+# Rounds on a CPU from which compiling repays itself: what a round saves depends on how much of it is small
+# operations, so the break-even is the backbone's. Set from runs of bench/compile_once.py (the small setting: GPFL,
+# digits, mlp) and bench/engine_speed.py (Table 1's cnn4) on the 2-core development machine at 8357c7e whose output
+# was not kept; `--json FILE` on either records a run. Unmeasured backbones take the largest.
 CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
 
 
