@@ -469,3 +469,25 @@ def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_pa
         assert (cfg.method, cfg.dataset, cfg.clients, cfg.normalize, cfg.val_frac) == (method, str(tmp_path / "sites.parquet"), 6, "none", 0.1)
     data = build_simulation(replace(cfg, rounds=1)).data
     assert [int((c > 0).sum()) for c in data.label_counts()] == [2] * 6  # each site sees two of the four classes
+
+
+def test_the_own_code_pages_example_tables_and_figures_are_the_committed_reports():
+    """docs/own_code.md's two `best.md` tables are results/examples/*/best.md, and what the page says of them is
+    computed from the same files."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "own_code.md").read_text()
+    table = lambda text: "\n".join(line for line in text.splitlines() if line.startswith("|"))  # noqa: E731
+    for example in ("bn-digits", "sites"):
+        assert table((root / "results" / "examples" / example / "best.md").read_text()) in page, example
+    best = pd.read_parquet(root / "results/examples/bn-digits/best.parquet").set_index("method")["selected_acc"] * 100
+    flat = " ".join(page.split())
+    assert f"buys FedBN {best['My FedBN'] - best['FedAvg']:.2f} points over FedAvg" in flat
+    assert f"FedPer's personal head, made for label skew, gains {best['FedPer'] - best['FedAvg']:.2f}" in flat
+    sites = pd.read_parquet(root / "results/examples/sites/runs.parquet")
+    fedper = sites[sites["method"] == "fedper"]
+    ties = (fedper["val_acc"] == fedper["val_acc"].max()).sum()
+    assert f"{['no', 'one', 'two', 'three', 'four', 'five', 'six'][ties]} of FedPer's six trials tie at {100 * fedper['val_acc'].max():.2f} %" in flat
+    chosen = pd.read_parquet(root / "results/examples/sites/best.parquet").set_index("method")["selected_acc"] * 100
+    assert f"FedPer's head of its own gains {chosen['FedPer'] - chosen['FedAvg']:.0f} points over FedAvg" in flat
