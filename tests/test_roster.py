@@ -840,3 +840,11 @@ def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
     assert f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg {times[folders[-1]].median():.1f} s" in performance
     assert f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so together they ran at most {rate:.2f} rounds/s" in performance
     assert "% busy" not in performance and "GPU use" not in performance
+
+
+def test_the_server_optimizers_curves_on_the_methods_page_are_their_committed_runs():
+    runs = ROOT / "results" / "baselines30" / "digits-dir0.1"
+    page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    for name, title in (("local", "Local-only"), ("fedavg", "FedAvg"), ("fedadam", "FedAdam"), ("fedyogi", "FedYogi")):
+        acc = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")["acc"] * 100
+        assert f"{title} " + " / ".join(f"{acc[r]:.1f}" for r in (1, 5, 10, 15, 20)) in page, name
