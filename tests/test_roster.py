@@ -1,5 +1,6 @@
 """Methods of PFLlib's roster beyond the papers' tables: each test fails if the method's defining term is removed."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -848,3 +849,11 @@ def test_the_server_optimizers_curves_on_the_methods_page_are_their_committed_ru
     for name, title in (("local", "Local-only"), ("fedavg", "FedAvg"), ("fedadam", "FedAdam"), ("fedyogi", "FedYogi")):
         acc = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")["acc"] * 100
         assert f"{title} " + " / ".join(f"{acc[r]:.1f}" for r in (1, 5, 10, 15, 20)) in page, name
+
+
+def test_the_fedpac_server_figures_on_the_methods_page_are_the_committed_bench_output():
+    page = (ROOT / "docs" / "methods.md").read_text()
+    for clients in (20, 100):
+        f = json.loads((ROOT / "results" / "bench" / f"fedpac-server-{clients}.json").read_text())["figures"]
+        assert f["clients"] == clients and f["features"] == 512 and f["classes"] == 10
+        assert f"| {clients} | {f['first round s']:.2f} s | {f['later rounds median s']:.3f} s |" in page
