@@ -857,3 +857,16 @@ def test_the_fedpac_server_figures_on_the_methods_page_are_the_committed_bench_o
         f = json.loads((ROOT / "results" / "bench" / f"fedpac-server-{clients}.json").read_text())["figures"]
         assert f["clients"] == clients and f["features"] == 512 and f["classes"] == 10
         assert f"| {clients} | {f['first round s']:.2f} s | {f['later rounds median s']:.3f} s |" in page
+
+
+def test_the_digits_curves_the_methods_page_quotes_beside_its_table_are_committed_runs():
+    """The reference form of FedLC, APPLE at ten times the lr and FedAS's ablations beside FedPer, on the digits split
+    of the table (results/roster-digits/)."""
+    page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    acc = lambda name: pd.read_parquet(ROOT / "results" / "roster-digits" / name / "metrics.parquet").set_index("round")["acc"] * 100  # noqa: E731
+    at = lambda name, rounds: " / ".join(f"{acc(name)[r]:.2f}" for r in rounds)  # noqa: E731
+    assert f"`fedlc-pfllib` (PFLlib's form: the federation's counts calibrate every client) reads {at('fedlc-pfllib', (1, 5, 10, 20, 30))}" in page
+    assert f"it reads {at('apple-lr0.05', (5, 10, 20, 30))} at rounds 5 / 10 / 20 / 30" in page
+    assert yaml.safe_load((ROOT / "results/roster-digits/apple-lr0.05/config.yaml").read_text())["lr"] == 0.05
+    assert (f"`fedas-nopa` {at('fedas-nopa', (10, 30))}, `fedas-nocs` {at('fedas-nocs', (10, 30))} (FedPer, the same sharing without "
+            f"either, {at('fedper', (10, 30))})") in page  # fmt: skip
