@@ -11,7 +11,8 @@ Methods of one's own live outside this package and are named by file or entry po
 from algorithms import apfl, fedas, fedcp, fedem, fedpac, gpfl, hypcluster, knnper
 from algorithms.apfl import APFL
 from algorithms.apple import APPLE
-from algorithms.base import Method, Net, Passes, Phase, Round, Training, Unsupported, variant
+from algorithms.base import Method, Passes, Phase, Round, Training, Unsupported, variant
+from algorithms.net import Net
 from algorithms.optimizers import SGD, Adam, Yogi
 from algorithms.common import weighted_mean
 from algorithms.ditto import Ditto

@@ -17,7 +17,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
-from algorithms.base import Net, Round, Training  # noqa: E402
+from algorithms.base import Round, Training  # noqa: E402
+from algorithms.net import Net  # noqa: E402
 from algorithms.fedpac import FedPAC  # noqa: E402
 from bench import provenance  # noqa: E402
 from tuner.models import Backbone  # noqa: E402

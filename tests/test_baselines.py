@@ -513,7 +513,8 @@ def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_
 def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_model_can_outvote_them():
     from torch import nn
 
-    from algorithms.base import Net, Training
+    from algorithms.base import Training
+    from algorithms.net import Net
     from algorithms.knnper import KNNPer, KNNPerHparams
     from tuner.models import Backbone
 
@@ -533,7 +534,8 @@ def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_mo
 def test_knn_per_chooses_lambda_on_the_grid_by_leave_one_out_accuracy_on_its_own_datastore():
     from torch import nn
 
-    from algorithms.base import Net, Training
+    from algorithms.base import Training
+    from algorithms.net import Net
     from algorithms.knnper import LAMBDA_GRID, KNNPer, KNNPerHparams
     from tuner.models import Backbone
 

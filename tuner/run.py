@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 import yaml
 
-from algorithms.base import Method, Net, Training, Unsupported
+from algorithms.base import Method, Training, Unsupported
+from algorithms.net import Net
 from tuner.config import RunConfig
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
