@@ -64,13 +64,32 @@ def test_a_compiled_run_compiles_nothing_after_its_shapes_are_known():
     assert counters["stats"]["unique_graphs"] == before and 1 <= programs <= sim.executor.shapes_compiled()
 
 
-def test_compiled_steps_keep_batchnorm_statistics_per_client():
-    cfg = dict(backbone="tiny_batchnorm", join_ratio="1", batch_size=30)
+def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_tensors_every_step(monkeypatch):
+    """Each client's BatchNorm statistics stay its own (padded rows left as they were), equal to eager. And CUDA
+    graphs replay a step that writes into its inputs only if each written input is a tensor marked static, the
+    very object (torch's CUDA-graph trees check the mark on the object handed in): the CPU shows the condition,
+    every tensor a step writes (parameters, momentum, statistics) marked, the same object a size, step after
+    step and round after round."""
+    handed: dict[int, list] = {}
+    call = tuner.steps.Program.__call__
+
+    def recording(self, params, opt_state, rest, *args):
+        if self.name.endswith("steps"):
+            written = [v for d in (params, opt_state) for v in d.values()] + [v for k, v in rest.items() if k.endswith("running_mean")]
+            handed.setdefault(len(args[-2]), []).append(written)
+        return call(self, params, opt_state, rest, *args)
+
+    monkeypatch.setattr(tuner.steps.Program, "__call__", recording)
+    cfg = dict(backbone="tiny_batchnorm", join_ratio="1", batch_size=30, momentum=0.5)
     eager, _ = run_rounds(exact_config("fedper", executor="sequential", **cfg), 2)
     compiled, _, _ = compiled_run(exact_config("fedper", executor="vectorized", engine="compiled", **cfg), 2)
     assert_equal_states(eager, compiled)
     means = compiled.clients["body.2.running_mean"]
     assert len({tuple(m.tolist()) for m in means}) == len(means)  # each client's own, padded rows left as they were
+    assert len(handed) > 1  # clients drop out: programs of several sizes
+    for calls in handed.values():
+        assert all(getattr(v, "_dynamo_static_input_type", None) for v in calls[0])
+        assert all(len(c) == len(calls[0]) and all(a is b for a, b in zip(c, calls[0])) for c in calls)
 
 
 def test_the_sequential_executor_compiles_one_program_a_client_calls():
@@ -105,33 +124,10 @@ def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
     assert compiled.clients["dbe.running"].abs().sum() > 0
 
 
-def test_a_step_is_handed_the_same_tensors_marked_static_at_every_step(monkeypatch):
-    """CUDA graphs replay a step that writes into its inputs only if each written input is a tensor marked static,
-    the very object (torch's CUDA-graph trees check the mark on the object handed in). The CPU shows the
-    condition: every tensor a step writes is marked, and the same object a size, step after step and round
-    after round."""
-    handed: dict[int, list] = {}
-    call = tuner.steps.Program.__call__
-
-    def recording(self, params, opt_state, rest, *args):
-        if self.name.endswith("steps"):
-            written = [v for d in (params, opt_state) for v in d.values()] + [v for k, v in rest.items() if k.endswith("running_mean")]
-            handed.setdefault(len(args[-2]), []).append(written)
-        return call(self, params, opt_state, rest, *args)
-
-    monkeypatch.setattr(tuner.steps.Program, "__call__", recording)
-    cfg = exact_config("fedper", executor="vectorized", engine="compiled", backbone="tiny_batchnorm", join_ratio="1", batch_size=30, momentum=0.5)
-    sim, rows, _ = compiled_run(cfg, 2)
-    assert len(handed) > 1  # clients drop out: programs of several sizes
-    for calls in handed.values():
-        assert all(getattr(v, "_dynamo_static_input_type", None) for v in calls[0])
-        assert all(len(c) == len(calls[0]) and all(a is b for a, b in zip(c, calls[0])) for c in calls)
-
-
 CHECKS = [
     (test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_each_shape_once, {"method": "fedpac"}),
     (test_a_compiled_run_compiles_nothing_after_its_shapes_are_known, {}),
-    (test_compiled_steps_keep_batchnorm_statistics_per_client, {}),
+    (test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_tensors_every_step, {"monkeypatch": None}),
     (test_the_sequential_executor_compiles_one_program_a_client_calls, {}),
     (test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers, {}),
     (test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step, {}),
@@ -141,15 +137,16 @@ CHECKS = [
 def test_every_test_of_this_file_is_checked_against_a_failing_compile():
     tests = {name for name, f in globals().items() if name.startswith("test_") and callable(f)}
     exempt = {"test_every_test_of_this_file_is_checked_against_a_failing_compile", "test_each_check_fails_when_compiling_fails",
-              # these two take fixtures of their own; they assert what ran through compiled_run and assert_compiled_ran as the rest do
-              "test_a_step_is_handed_the_same_tensors_marked_static_at_every_step", "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off"}  # fmt: skip
+              # it forces a failure of its own, and asserts what ran through assert_compiled_ran as the rest do
+              "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off"}  # fmt: skip
     assert tests - exempt == {f.__name__ for f, _ in CHECKS}
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f.__name__ for f, _ in CHECKS])
-def test_each_check_fails_when_compiling_fails(check, compiling_fails):
+def test_each_check_fails_when_compiling_fails(check, compiling_fails, monkeypatch):
     """The run goes on eager with the same numbers, so each check above must fail on what ran, not on a number."""
     test, args = check
+    args = {k: monkeypatch if k == "monkeypatch" else v for k, v in args.items()}
     with pytest.raises(AssertionError, match="went on eager|nothing ran compiled"):
         test(**args)
 
