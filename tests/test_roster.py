@@ -826,7 +826,8 @@ def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
     """The thirteen runs that shared one H100 with a FedAvg run: each run's median round and the slowest run's whole
     time bound what the pages say of them (no figure of the GPU's use was kept, so none is written)."""
     folders = [d for d in (ROOT / "results" / "roster-fmnist").iterdir() if yaml.safe_load((d / "config.yaml").read_text())["device"].startswith("cuda")]
-    folders.append(ROOT / "results" / "roster-fmnist-cuda" / "fedavg")
+    folders += sorted((ROOT / "results" / "roster-fmnist-cuda").iterdir())  # FedAvg beside them, and FedALA's H100 run before its rerun
+    fedavg = ROOT / "results" / "roster-fmnist-cuda" / "fedavg"
     times = {d: pd.read_parquet(d / "metrics.parquet")["time_s"] for d in folders}
     assert len(times) == 14
     medians = [t.median() for t in times.values()]
@@ -838,7 +839,7 @@ def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
     for page in ("README.md", "docs/methods.md"):
         assert said in " ".join((ROOT / page).read_text().split()), page
     performance = " ".join((ROOT / "docs/performance.md").read_text().split())
-    assert f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg {times[folders[-1]].median():.1f} s" in performance
+    assert f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg {times[fedavg].median():.1f} s" in performance
     assert f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so together they ran at most {rate:.2f} rounds/s" in performance
     assert "% busy" not in performance and "GPU use" not in performance
 
@@ -870,3 +871,16 @@ def test_the_digits_curves_the_methods_page_quotes_beside_its_table_are_committe
     assert yaml.safe_load((ROOT / "results/roster-digits/apple-lr0.05/config.yaml").read_text())["lr"] == 0.05
     assert (f"`fedas-nopa` {at('fedas-nopa', (10, 30))}, `fedas-nocs` {at('fedas-nocs', (10, 30))} (FedPer, the same sharing without "
             f"either, {at('fedper', (10, 30))})") in page  # fmt: skip
+
+
+def test_what_the_methods_page_says_of_the_personal_models_below_local_only_is_their_committed_runs():
+    runs = ROOT / "results" / "roster-fmnist"
+    acc = lambda name: pd.read_parquet(runs / name / "metrics.parquet").set_index("round")["acc"] * 100  # noqa: E731
+    gaps = {name: acc("local") - acc(name) for name in ("fml", "fedkd", "fedgc", "fedas", "fedala")}
+    every = pd.concat(gaps.values())
+    at30 = [g[30] for g in gaps.values()]
+    page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    assert (every > 0).all()
+    assert (f"run below Local-only in every round (by {every.min():.2f} to {every.max():.2f} points; {min(at30):.2f} to "
+            f"{max(at30):.2f} at round 30)") in page  # fmt: skip
+    assert f"FedALA's round 1 ({acc('fedala')[1]:.2f}) is lower than its" in page
