@@ -77,8 +77,8 @@ def main() -> None:
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
     args.stages, args.speed_methods, args.engine, args.methods = ",".join(SHARES), SPEED_METHODS, "compiled", None
-    # Trial 1 compiles from nothing: this command's programs go to a cache of its own (the worker processes inherit it).
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
+    if not args.smoke:  # trial 1 compiles from nothing: this command's programs go to a cache of its own (its workers inherit it)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
     c = Campaign(args, shares=SHARES)
     stages = {"environment": c.environment, "correctness": lambda d: correctness(c, d), "speed": lambda d: speed(c, d), "profile": lambda d: profile(c, d)}
     for name, run in stages.items():
