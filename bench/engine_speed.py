@@ -12,7 +12,8 @@ warm-up round that compiles every program the round needs:
 - chain bound          the longest client's steps x the time of one compiled single-client step:
                        clients train in parallel but each one's steps are sequential, so no
                        round can be faster;
-- recompiles           programs compiled during the timed rounds (must be 0);
+- recompiles           programs compiled during the timed rounds (must be 0: else the s/round counts
+                       compiling; the H200 check's FedAvg took 2, results/gpu/README.md);
 - compile              the compiled run's first round (its compiling included), and a second trial's
                        (other lr and seed: the same programs, so none compiled);
 - whole round          compiled, with every client's evaluation (the papers evaluate every round);
@@ -168,7 +169,7 @@ def measure(method: str, device: str, rounds: int, sequential: bool = False, out
     if sequential:
         out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
     whole = build_simulation(replace(cfg, engine="compiled", eval_gap=1))  # with evaluation
-    out["compiled whole round s"] = seconds_per_round(whole, rounds)[1]
+    _, out["compiled whole round s"], out["whole round recompiles"] = seconds_per_round(whole, rounds)
     compiled_only(whole, f"{method}'s compiled run with evaluation")
     out["eager / compiled"] = out["eager s/round"] / out["compiled s/round"]
     out["chain bound s"] = chain_bound_seconds(sim)

@@ -164,6 +164,7 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_with_loop_ordering)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # compile for real: no program from the caches
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    monkeypatch.setattr(tuner.steps, "NEEDED", {})
     torch._dynamo.reset()
     cfg = dict(partition="iid", clients=2, join_ratio="1", val_frac=0.0)
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
@@ -174,3 +175,8 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
     assert said == [f"Compiling FedAvg's steps failed under torch's default Inductor configuration (InductorError: AssertionError: "
                     f"isinstance(snode, SchedulerNode)); compiling again with loop ordering after fusion off."]  # fmt: skip
+    # A sweep's next trial in the same process compiles under the configuration that worked, failing nothing again.
+    second, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", lr=0.02, **cfg), 1)
+    assert_compiled_ran(second, rows, config=1)
+    assert second.executor.ran.retries == 0
+    assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]

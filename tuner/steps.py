@@ -27,6 +27,9 @@ INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
     ("torch's default Inductor configuration", {}),
     ("loop ordering after fusion off", {"loop_ordering_after_fusion": False}),
 )
+# The configuration a program of a name (a method's steps, ...) came to need on a kind of device, for the process:
+# a sweep's next trial in the same worker compiles under it at once rather than failing again (seconds a trial).
+NEEDED: dict[tuple[str, str], int] = {}
 
 
 @dataclass
@@ -75,14 +78,15 @@ def first_line(error: Exception) -> str:
 class Program:
     """`fn` compiled with fixed shapes (a new shape is a new program of the same wrapper), on CUDA with CUDA graphs,
     under the run's Inductor configuration (`ran.config`). A compile that fails is tried again under the next
-    configuration, which the run keeps for its later programs; after the last, the error is raised to the caller,
-    which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
+    configuration, which the run keeps for its later programs, and the process's later runs for theirs (`NEEDED`);
+    after the last, the error is raised to the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
 
     def __init__(self, fn: Callable, device: torch.device, ran: Ran, name: str):
         self.fn, self.device, self.ran, self.name = fn, device, ran, name
         self.config: int | None = None
         self.compiled: Callable | None = None
         self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
+        ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
 
     def __call__(self, *args):
         while True:
@@ -96,6 +100,7 @@ class Program:
                 if self.config + 1 == len(INDUCTOR_CONFIGS):
                     raise
                 self.ran.config, self.ran.retries = self.config + 1, self.ran.retries + 1
+                NEEDED[self.name, self.device.type] = self.ran.config
                 say(f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[self.config][0]} ({first_line(e)}); "
                     f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}.")  # fmt: skip
                 continue

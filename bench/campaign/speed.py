@@ -37,8 +37,19 @@ def speed(campaign, deadline: float) -> dict:
     return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
 
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans: time the device was doing something, overlaps once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def profile(campaign, deadline: float) -> dict:
     """20 compiled steps of GPFL's Table 1 cohort (smoke: digits) under torch.profiler."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     if campaign.args.smoke:
@@ -51,21 +62,24 @@ def profile(campaign, deadline: float) -> dict:
     phases = [replace(p, steps=20) for p in sim.method.phases()]
     cohort = {k: v.clone() for k, v in sim.clients.items()}
     sim.executor.train(phases, cohort, sim.server, at, 0)  # compiles the programs these steps need
-    sync = torch.cuda.synchronize if campaign.device.startswith("cuda") else (lambda: None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if campaign.device.startswith("cuda") else [])
+    cuda = campaign.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync()
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         sim.executor.train(phases, cohort, sim.server, at, 0)
         sync()
     wall = time.perf_counter() - t0
-    device_time = "device_time" if campaign.device.startswith("cuda") else "cpu_time"
-    events = prof.key_averages()
-    annotations = {e.key for e in prof.events() if e.is_user_annotation}  # a range (Inductor's "## Call ...") spanning kernels already counted
-    kernels_only = [e for e in events if e.key not in annotations]
-    top = sorted(kernels_only, key=lambda e: getattr(e, f"self_{device_time}_total"), reverse=True)[:10]
-    kernels = [{"name": e.key[:80], "calls": e.count, "ms": getattr(e, f"self_{device_time}_total") / 1e3} for e in top]
-    busy = sum(getattr(e, f"self_{device_time}_total") for e in kernels_only) / 1e6 / wall if campaign.device.startswith("cuda") else float("nan")
+    if cuda:  # the GPU's own events (kernels, copies): a CPU op's device time repeats its kernels', an annotation spans them
+        on_gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+        names = {e.key for e in on_gpu}
+        busy = busy_seconds([(e.time_range.start, e.time_range.end) for e in on_gpu]) / 1e6 / wall
+        averages = [e for e in prof.key_averages() if e.key in names]
+    else:
+        busy, averages = float("nan"), list(prof.key_averages())
+    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    kernels = [{"name": e.key[:80], "calls": e.count, "ms": time_of(e) / 1e3} for e in sorted(averages, key=time_of, reverse=True)[:10]]
     if why := sim.executor.ran.not_compiled():  # the profile of an eager fallback is not the compiled engine's
         raise NotCompiled(f"the profiled steps {why}")
     ran = what_ran(sim)
