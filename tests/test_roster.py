@@ -884,3 +884,13 @@ def test_what_the_methods_page_says_of_the_personal_models_below_local_only_is_t
     assert (f"run below Local-only in every round (by {every.min():.2f} to {every.max():.2f} points; {min(at30):.2f} to "
             f"{max(at30):.2f} at round 30)") in page  # fmt: skip
     assert f"FedALA's round 1 ({acc('fedala')[1]:.2f}) is lower than its" in page
+
+
+def test_the_swing_the_methods_page_quotes_of_fedgh_is_its_committed_run():
+    acc = pd.read_parquet(ROOT / "results" / "roster-fmnist" / "fedgh" / "metrics.parquet").set_index("round")["acc"] * 100
+    late = acc[acc.index >= 10]
+    step = late.diff().abs()
+    page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    assert step.idxmax() == 17
+    assert (f"after round 10 the accuracy moves by up to {step.max():.2f} points from one round to the next ({acc[16]:.2f} at round 16, "
+            f"{acc[17]:.2f} at round 17; {acc[29]:.2f} at round 29, {acc[30]:.2f} at round 30)") in page  # fmt: skip

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch._dynamo.utils import counters
 
 from algorithms.base import Phase, State
 from tuner.errors import first_sentence
@@ -27,8 +26,9 @@ INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
     ("torch's default Inductor configuration", {}),
     ("loop ordering after fusion off", {"loop_ordering_after_fusion": False}),
 )
-# The configuration a program of a name (a method's steps, ...) came to need on a kind of device, for the process:
-# a sweep's next trial in the same worker compiles under it at once rather than failing again (seconds a trial).
+# The configuration a program of a name (a method's steps, ...) compiled under on a kind of device after the
+# default failed, for the process: a sweep's next trial in the same worker compiles under it at once rather than
+# failing again (seconds a trial).
 NEEDED: dict[tuple[str, str], int] = {}
 
 
@@ -93,6 +93,8 @@ class Program:
             if self.config != self.ran.config:
                 self.config = self.ran.config
                 self.compiled = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[self.config][1])
+            from torch._dynamo.utils import counters  # here: importing dynamo costs seconds, and a sweep's or report's own process trains nothing
+
             programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
             try:
                 out = self.compiled(*args)
@@ -100,10 +102,11 @@ class Program:
                 if self.config + 1 == len(INDUCTOR_CONFIGS):
                     raise
                 self.ran.config, self.ran.retries = self.config + 1, self.ran.retries + 1
-                NEEDED[self.name, self.device.type] = self.ran.config
                 say(f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[self.config][0]} ({first_line(e)}); "
                     f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}.")  # fmt: skip
                 continue
+            if self.config:  # compiled, under a configuration the default failed for: the process's later runs start from it
+                NEEDED[self.name, self.device.type] = self.config
             self.ran.programs += counters["stats"]["unique_graphs"] - programs
             if counters["inductor"]["cudagraph_skips"] > skips:
                 self.graphed = False
