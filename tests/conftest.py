@@ -21,12 +21,6 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker per core, and one more for the Ray group, whose worker waits on Ray's processes about
-    half its time (a sweep test kept 1.1 of 2 cores busy): the extra worker's tests fill those waits."""
-    return (os.cpu_count() or 1) + 1
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """Tests that start Ray run one after another on one xdist worker (`--dist loadgroup`): each starts a local
