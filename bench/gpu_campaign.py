@@ -187,7 +187,8 @@ def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
     vec = build_simulation(replace(cfg, executor="vectorized", device=device))
     rows = [(seq.step(), vec.step()) for _ in range(rounds)]
     if cfg.engine == "compiled":  # an eager run gives the same numbers: equality alone would not show the compiled path
-        assert not (why := vec.executor.ran.not_compiled()), f"the compiled run {why}"
+        ran = vec.executor.ran
+        assert not (why := ran.not_compiled()), f"the compiled run {why}" + (f"; the error's end: {ran.failure}" if ran.failure else "")
     worst = 0.0
     for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
         for k in a:

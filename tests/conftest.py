@@ -78,7 +78,7 @@ def compiling_fails(monkeypatch):
 
     def failing(fn, device, config):
         def program(*args):
-            raise torch._dynamo.exc.InternalTorchDynamoError("forced: this program cannot be compiled")
+            raise torch._dynamo.exc.InternalTorchDynamoError("forced: this program cannot be compiled\nthe cause, on a later line")
 
         return program
 

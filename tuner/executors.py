@@ -161,7 +161,7 @@ class Executor:
         """No Inductor configuration compiled a program: the run goes on eager, saying so once; an optimisation
         never fails a run."""
         if self.settings.engine == "compiled":
-            self.ran.failed = first_line(error)
+            self.ran.failed, self.ran.failure = first_line(error), str(error)[-1500:]
             say(f"Compiling {type(self.method).__name__}'s programs failed ({self.ran.failed}); the run goes on with engine=eager.")
             self.settings.engine = "eager"
 

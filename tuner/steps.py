@@ -45,6 +45,7 @@ class Ran:
     config: int = 0  # the Inductor configuration (INDUCTOR_CONFIGS) the run compiles under now
     retries: int = 0  # compiles that failed and were tried again under the next configuration
     failed: str = ""  # why compiling failed under every configuration (the run went on eager); "" if it did not
+    failure: str = ""  # ... the error's whole text, its last 1500 characters (a subprocess's traceback ends there)
     graph_calls: int = 0  # calls of programs that run as CUDA graphs (each shape's first two warm up and record; the rest replay)
     graph_skips: int = 0  # programs CUDA graphs refused (Inductor's count: mutated inputs it does not own, CPU tensors, ...)
 
