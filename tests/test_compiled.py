@@ -15,6 +15,7 @@ import torch._functorch.config
 import torch._inductor.config
 import torch._inductor.scheduler
 from torch._dynamo.utils import counters
+from torch._inductor.virtualized import V
 
 import tuner.steps
 from simulations import assert_equal_states, exact_config, reference_run, run_rounds
@@ -138,7 +139,8 @@ def test_every_test_of_this_file_is_checked_against_a_failing_compile():
     tests = {name for name, f in globals().items() if name.startswith("test_") and callable(f)}
     exempt = {"test_every_test_of_this_file_is_checked_against_a_failing_compile", "test_each_check_fails_when_compiling_fails",
               # it forces a failure of its own, and asserts what ran through assert_compiled_ran as the rest do
-              "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off"}  # fmt: skip
+              "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off",
+              "test_a_retry_keeps_the_programs_compiled_before_it"}  # fmt: skip
     assert tests - exempt == {f.__name__ for f, _ in CHECKS}
 
 
@@ -180,3 +182,33 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     assert_compiled_ran(second, rows, config=1)
     assert second.executor.ran.retries == 0
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
+
+
+def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch):
+    """On a GPU a run's first programs may compile under the default configuration and a later shape fail (FedCP on
+    an H100: its timed rounds compiled 2 programs again, 13.1 s a round against 0.52): the shapes compiled
+    before the retry keep their programs, so round 2 compiles nothing."""
+    fuse, lowered = torch._inductor.scheduler.Scheduler.fuse_nodes, []
+
+    def failing_after_the_first_program(self, nodes):
+        if torch._inductor.config.loop_ordering_after_fusion:
+            lowered.append(lowered[0] if lowered else V.graph)
+            assert V.graph is lowered[0], "isinstance(snode, SchedulerNode)"
+        return fuse(self, nodes)
+
+    monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_after_the_first_program)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    monkeypatch.setattr(tuner.steps, "NEEDED", {})
+    torch._dynamo.reset()
+    cfg = dict(partition="dir:0.3", clients=4, join_ratio="1", val_frac=0.0)  # uneven clients: the cohort's rows shrink within a round
+    sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
+    assert sim.executor.ran.retries == 1
+    (step,) = sim.executor.compiled.values()
+    assert 0 in step.program.shapes_config.values()  # the first shape compiled under the default, before the retry
+    programs = sim.executor.ran.programs
+    rows.append(sim.step())
+    assert sim.executor.ran.programs == programs  # none again
+    assert_compiled_ran(sim, rows, config=1)
+    eager, _ = run_rounds(exact_config("fedavg", executor="vectorized", engine="eager", **cfg), 2)
+    assert_equal_states(eager, sim)

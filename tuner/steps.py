@@ -80,40 +80,54 @@ class Program:
     """`fn` compiled with fixed shapes (a new shape is a new program of the same wrapper), on CUDA with CUDA graphs,
     under the run's Inductor configuration (`ran.config`). A compile that fails is tried again under the next
     configuration, which the run keeps for its later programs, and the process's later runs for theirs (`NEEDED`);
-    after the last, the error is raised to the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
+    the shapes it had compiled before keep their programs. After the last configuration, the error is raised to
+    the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
 
     def __init__(self, fn: Callable, device: torch.device, ran: Ran, name: str):
         self.fn, self.device, self.ran, self.name = fn, device, ran, name
-        self.config: int | None = None
-        self.compiled: Callable | None = None
+        self.compiled: dict[int, Callable] = {}  # fn compiled under each Inductor configuration it has run under
+        # The shapes whose programs compiled under a configuration the run may yet leave: after a later shape's
+        # retry they keep running those programs (compiling them again costs a GPU run seconds a program).
+        self.shapes_config: dict[tuple, int] = {}
         self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
         ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
 
     def __call__(self, *args):
+        config = self.ran.config
+        if self.shapes_config and min(self.shapes_config.values()) < config:
+            config = self.shapes_config.get(call_shapes(args), config)
         while True:
-            if self.config != self.ran.config:
-                self.config = self.ran.config
-                self.compiled = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[self.config][1])
+            if config not in self.compiled:
+                self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
             from torch._dynamo.utils import counters  # here: importing dynamo costs seconds, and a sweep's or report's own process trains nothing
 
             programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
             try:
-                out = self.compiled(*args)
+                out = self.compiled[config](*args)
             except compile_errors() as e:  # nothing was written yet: a failed compile runs nothing
-                if self.config + 1 == len(INDUCTOR_CONFIGS):
+                if config + 1 == len(INDUCTOR_CONFIGS):
                     raise
-                self.ran.config, self.ran.retries = self.config + 1, self.ran.retries + 1
-                say(f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[self.config][0]} ({first_line(e)}); "
+                self.ran.config, self.ran.retries = max(self.ran.config, config + 1), self.ran.retries + 1
+                say(f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[config][0]} ({first_line(e)}); "
                     f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}.")  # fmt: skip
+                config = self.ran.config
                 continue
-            if self.config:  # compiled, under a configuration the default failed for: the process's later runs start from it
-                NEEDED[self.name, self.device.type] = self.config
-            self.ran.programs += counters["stats"]["unique_graphs"] - programs
+            if config:  # compiled, under a configuration the default failed for: the process's later runs start from it
+                NEEDED[self.name, self.device.type] = config
+            compiled = counters["stats"]["unique_graphs"] - programs
+            if compiled and config + 1 < len(INDUCTOR_CONFIGS):
+                self.shapes_config[call_shapes(args)] = config
+            self.ran.programs += compiled
             if counters["inductor"]["cudagraph_skips"] > skips:
                 self.graphed = False
                 self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
             self.ran.graph_calls += self.graphed
             return out
+
+
+def call_shapes(args: tuple) -> tuple:
+    """What tells a call's programs apart: the shapes of its tensors (a program is compiled for fixed shapes)."""
+    return tuple(tuple((k, v.shape) for k, v in a.items()) if isinstance(a, dict) else getattr(a, "shape", a) for a in args)
 
 
 class EagerStep:
