@@ -148,6 +148,32 @@ def test_a_method_whose_measurement_breaks_keeps_the_figures_measured_before(mon
     assert "fedavg: ZeroDivisionError" in result["line"]
 
 
+def test_the_pages_quote_the_h100_speed_stage_as_committed():
+    """docs/performance.md's and README.md's FedCP, FedPAC and profile figures, from the committed campaign.json."""
+    run = json.loads((ROOT / "results/gpu/speed-h100-ea133d7/campaign.json").read_text())
+    flat = lambda page: " ".join((ROOT / page).read_text().split())  # noqa: E731
+    fedcp, fedpac, prof = run["speed"]["figures"]["fedcp"], run["speed"]["figures"]["fedpac"], run["profile"]
+    assert run["environment"]["name"] == "NVIDIA H100 80GB HBM3" and run["environment"]["commit"] == "ea133d7"
+    assert fedcp["compile retries"] == 1 and fedcp["whole round recompiles"] == 0 and fedpac["compile retries"] == 0
+    performance = flat("docs/performance.md")
+    for phrase in [
+        f"FedCP, Table 1 training: {fedcp['eager s/round']:.2f} s a round eager; compiled, a whole round with every client's evaluation "
+        f"{fedcp['compiled whole round s']:.3f} s; {fedcp['compile + first round s']:.0f} s compiling the first round ({fedcp['programs']} programs",
+        f"a second trial {fedcp['second trial programs']} programs, its first round {fedcp['second trial: compile + first round s']:.2f} s; "
+        f"the chain bound {fedcp['chain bound s']:.3f} s",
+        f"Its training-only figure ({fedcp['compiled s/round']:.2f} s) counts {fedcp['recompiles']} programs compiled during its timed rounds",
+        f"{fedpac['eager s/round']:.3f} s a round eager against {fedpac['compiled s/round']:.3f} compiled ({fedpac['eager / compiled']:.1f}×), "
+        f"{fedpac['compiled whole round s']:.3f} with evaluation; {fedpac['compile + first round s']:.0f} s compiling the first round "
+        f"({fedpac['programs']} programs, under the default configuration); a second trial {fedpac['second trial programs']} programs",
+        f"{fedpac['% of chain bound']:.0f} % of its chain bound ({fedpac['chain bound s']:.3f} s)",
+        f"20 compiled steps in {prof['wall_s']:.3f} s, every one a CUDA graph ({prof['graph calls']} graph calls with the 20 steps before them that compiled, {prof['graph skips']} skipped), "
+        f"and the GPU busy {100 * prof['device_busy_share']:.0f} % of that time",
+    ]:  # fmt: skip
+        assert phrase in performance, phrase
+    assert (f"On an H100 FedPAC's Table 1 round ran in {fedpac['compiled s/round']:.3f} s compiled against {fedpac['eager s/round']:.3f} eager, "
+            f"and FedCP's whole round with evaluation in {fedcp['compiled whole round s']:.2f} s against {fedcp['eager s/round']:.2f} eager") in flat("README.md")  # fmt: skip
+
+
 def test_the_pages_quote_the_h200_check_as_committed():
     """README.md and docs/performance.md's figures of the GPU check, from its committed campaign.json."""
     check = json.loads((ROOT / "results/gpu/check-h200-a50e3b0/campaign.json").read_text())

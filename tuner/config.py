@@ -64,10 +64,11 @@ CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
 
 # Rounds on CUDA from which compiling repays itself, for the methods and backbones measured to compile there and win
 # (GPFL Table 1's setting, torch 2.11): the first round's compiling over what a round saves. GPFL from the H200
-# check (results/gpu/check-h200-a50e3b0); FedAvg and FedCP from the first H100 figures
-# (results/gpu/compiled-engine-b9d680f, the faster eager figure), the H200's FedAvg rounds having compiled programs
-# and FedCP's not measured there. Anything not measured runs eager on CUDA (pFedMe fails to compile there).
-CUDA_COMPILE_ROUNDS = {("gpfl", "cnn4"): 14, ("fedavg", "cnn4"): 41, ("fedcp", "cnn4"): 14}
+# check (results/gpu/check-h200-a50e3b0); FedPAC (its Table 1 setting) from the H100 speed stage
+# (results/gpu/speed-h100-ea133d7); FedAvg and FedCP from the first H100 figures (results/gpu/compiled-engine-b9d680f,
+# the faster eager figure), their timed rounds in the later files having compiled programs. Anything not measured
+# runs eager on CUDA (pFedMe fails to compile there).
+CUDA_COMPILE_ROUNDS = {("gpfl", "cnn4"): 14, ("fedavg", "cnn4"): 41, ("fedcp", "cnn4"): 14, ("fedpac", "pac_cnn"): 92}
 
 
 def auto_engine(device: str, rounds: int, backbone: str, method: str) -> str:
