@@ -98,6 +98,7 @@ def run(
     config: Optional[Path] = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     resume: bool = typer.Option(False, help="Continue the run in --out from its checkpoint up to --rounds."),
+    schedule: Optional[Path] = typer.Option(None, callback=absolute, help="Replay settings round by round from this file: a trial's rounds.parquet (a population-based sweep's; `tuner report` writes the best one's) or a CSV of round and one column a setting [--rounds default: its last round]."),
 ):
     """Run one federated simulation and write its per-round metrics."""
     from tuner.run import RunDir, run as run_simulation
@@ -115,6 +116,10 @@ def run(
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
         cfg = make_config(method, config, opts, set_)
+        if schedule is not None and rounds is None:
+            from tuner.schedule import load_schedule
+
+            cfg = replace(cfg, rounds=len(load_schedule(schedule, cfg)))
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -133,7 +138,7 @@ def run(
         stop = StopAtRoundEnd(progress.console)
         try:
             with stop.installed():
-                sim = run_simulation(cfg, out, resume=resume, on_round=on_round, stop_requested=stop)
+                sim = run_simulation(cfg, out, resume=resume, on_round=on_round, stop_requested=stop, schedule=schedule)
         except KeyboardInterrupt:  # the second Ctrl-C: at once, mid-round
             sim = None
         if sim is None or sim.round < cfg.rounds:
@@ -174,6 +179,7 @@ def sweep(
     seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
     vary_partition: bool = typer.Option(False, help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
+    scheduler: Optional[str] = typer.Option(None, help="asha (Optuna's search; trials stopped early per --grace), or tune while training: pbt or pb2, population-based training over the space's float settings [default: the space's, else asha]."),
     patience: Optional[int] = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
     max_total_rounds: Optional[int] = typer.Option(None, help="End the sweep after this many rounds over all trials."),
     set_: list[str] = typer.Option([], "--set", help="Add to the space's fixed settings, as name=value (repeatable), e.g. rounds=20."),
@@ -191,16 +197,21 @@ def sweep(
     from tuner.sweep.cluster import Resources
     from tuner.sweep.stages import sweep as run_sweep
 
-    overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds}
+    overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds,
+                 "scheduler": scheduler}  # fmt: skip
     sp = load_space(space, method, overrides, parse_set(set_))
     stem, short = space.stem, method_class(sp.method).name  # a method of one's own: its name, not its file
     sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(short) else f"{short}-{stem}")).expanduser())
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose, compile_cache)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
+    if seeds and sp.population:
+        raise UserError(f"--seeds reruns one configuration, and a {sp.population.kind} trial's is a schedule: replay it with "
+                        "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds.")  # fmt: skip
     for note in sp.notes:
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, sampler {sp.sampler}, selecting by {sp.select} accuracy", markup=False)
+    how = f"{sp.population.kind} over {', '.join(sp.population.mutate)} every {sp.population.interval} rounds" if sp.population else f"sampler {sp.sampler}"
+    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, {how}, selecting by {sp.select} accuracy", markup=False)
     summary = run_sweep(sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db)
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]

@@ -30,6 +30,7 @@ from tuner.errors import UserError
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
+from tuner.schedule import SCHEDULE_FILE, load_schedule, rebuilt, settings_at, with_settings
 
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
@@ -195,10 +196,12 @@ class RunDir:
 
 
 def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None,
-        stop_requested: Callable[[], bool] = lambda: False) -> Simulation:
+        stop_requested: Callable[[], bool] = lambda: False, schedule: Path | None = None) -> Simulation:
     """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there.
     When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
-    continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before."""
+    continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before.
+    `schedule`: a file of settings round by round (tuner/schedule.py), replayed from round 1; the run keeps a copy,
+    which a resume replays on."""
     run_dir = RunDir(out)
     created = not run_dir.path.exists()
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
@@ -206,21 +209,30 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
         raise UserError(f"{run_dir.path} holds a run already; pass --resume to continue it, or choose another --out.")
     try:
         with folder_lock(run_dir.path, "The run folder", "choose another --out"):
-            return _run(cfg, run_dir, resume, on_round, stop_requested)
+            return _run(cfg, run_dir, resume, on_round, stop_requested, schedule)
     finally:  # a run refused before its first file (missing data, a bad setting) leaves no empty folder behind
         if created and run_dir.path.is_dir() and not any(run_dir.path.iterdir()):
             run_dir.path.rmdir()
 
 
-def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested) -> Simulation:
+def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule_file: Path | None) -> Simulation:
+    kept = run_dir.path / SCHEDULE_FILE
+    schedule = load_schedule(schedule_file or kept, cfg) if schedule_file or (resume and kept.exists()) else None
+    current = settings_at(schedule, 1) if schedule is not None else None
+    if schedule is not None:  # config.yaml says what round 1 ran
+        cfg = with_settings(cfg, current, "the schedule's round 1")
     sim = build_simulation(cfg)
     if resume:
         run_dir.load(sim)
         if cfg.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
             raise UserError(f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more than {sim.round} to continue it.")
     run_dir.write_config(cfg)
+    if schedule_file is not None:
+        write_atomic(kept, lambda p: schedule.reset_index().to_parquet(p, index=False))
     try:
         while sim.round < cfg.rounds and not stop_requested():
+            if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
+                sim, current = rebuilt(sim, with_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")), wanted
             row = sim.step()
             if cfg.engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
                 cfg = replace(cfg, engine=sim.settings.engine)

@@ -29,6 +29,9 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
         if not scored.empty:
             best = scored.loc[best_run(scored)]  # by the selection rule, as the sweep's console chose
             cfg = runs[best.name]["config"]
+            schedule = runs[best.name].get("schedule")
+            if schedule is not None:  # a population-based sweep: its best is a schedule, replayed from these files
+                row["schedule"] = f"schedule-{sweep_dir.name}.csv"
             row |= {"selected_by": best["selected_by"], "val_acc": best["val_acc"], "val_round": best["val_round"],
                     "selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
                     "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"])}  # fmt: skip
@@ -37,6 +40,31 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
             row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
         out.append(row)
     return pd.DataFrame(out)
+
+
+def best_schedules(runs: list[dict], summaries: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
+    """Each population-based sweep's best trial: its schedule (round, trial, settings), its rows and its config."""
+    out = []
+    for row in best.to_dict("records") if "schedule" in best else []:
+        if not isinstance(row.get("schedule"), str):
+            continue
+        trials = summaries[(summaries["stage"] == "search") & (summaries["experiment"] == str(Path(row["path"]) / "search"))]
+        run = runs[trials.loc[best_run(trials[trials[SCORE].notna()])].name]
+        out.append({"sweep": row["sweep"], "schedule": run["schedule"], "rows": run["rows"], "config": run["config"], "file": row["schedule"],
+                    "log_scale": run.get("log_scale")})
+    return out
+
+
+def schedule_markdown(sweep: str, schedule: pd.DataFrame, file: str, method: str) -> str:
+    """The best trial's schedule as the spans of rounds its settings held, and the command that replays it."""
+    settings = [c for c in schedule.columns if c not in ("round", "trial")]
+    changed = (schedule[["trial", *settings]] != schedule[["trial", *settings]].shift()).any(axis=1).cumsum()
+    spans = [{"rounds": f"{g['round'].iloc[0]}–{g['round'].iloc[-1]}", "trained by": g["trial"].iloc[0],
+              **{n: _short(g[n].iloc[0]) for n in settings}} for _, g in schedule.groupby(changed)]  # fmt: skip
+    stem = file.removesuffix(".csv")
+    return (f"\n\n## {sweep}: the best trial's schedule\n\nThe rounds its state went through, with the trial that trained them "
+            f"and the settings then (the rounds a donor trained came with its state).\n\n{pd.DataFrame(spans).to_markdown(index=False)}\n\n"
+            f"Replay it from round 1: `tuner run {method} --config {stem}.yaml --schedule {file}`\n")  # fmt: skip
 
 
 def _short(value) -> str:

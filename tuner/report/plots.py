@@ -121,3 +121,31 @@ def _log_scale(run: dict, name: str, xs: list) -> bool:
     if run.get("log_scale") is not None:
         return name in run["log_scale"]
     return min(xs) > 0 and max(xs) / min(xs) > 20
+
+
+def plot_schedule(best: dict, path: Path) -> Path:
+    """A population-based sweep's best trial: each mutated setting over rounds, above its accuracy curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schedule, rows = best["schedule"], best["rows"]
+    settings = [c for c in schedule.columns if c not in ("round", "trial")]
+    fig, axes = plt.subplots(len(settings) + 1, 1, figsize=(6.5, 1.6 * len(settings) + 2.8), sharex=True)
+    for ax, name in zip(axes, settings):
+        ax.step(schedule["round"], schedule[name], where="post")
+        ax.set(ylabel=name, yscale="log" if name in (best["log_scale"] or []) else "linear")
+        ax.grid(alpha=0.3)
+    scored = rows[rows["acc"].notna()]
+    axes[-1].plot(scored["round"], 100 * scored["acc"], label="test")
+    if "val_acc" in scored and scored["val_acc"].notna().any():
+        axes[-1].plot(scored["round"], 100 * scored["val_acc"], label="validation", linestyle="--")
+    axes[-1].set(xlabel="round", ylabel="accuracy (%)")
+    axes[-1].legend(fontsize=7)
+    axes[-1].grid(alpha=0.3)
+    axes[0].set_title(f"{best['sweep']}: the best trial's schedule")
+    fig.tight_layout()
+    write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", bbox_inches="tight"))
+    plt.close(fig)
+    return path

@@ -22,12 +22,14 @@ from tuner.errors import UserError, first_sentence
 from tuner.plugins import method_title
 from tuner.files import LOCK_FILE, lock_holder
 from tuner.run import RunDir
+from tuner.schedule import ROUNDS_FILE, read_rounds
 from tuner.selection import SCORE, best_of, selection, started
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
 NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
+POPULATION = ("pbt", "pb2")  # schedulers whose trials take other trials' states
 
 
 UNREADABLE = (ValueError, OSError, KeyError, TypeError, yaml.YAMLError, UserError)  # damaged, truncated, or naming what is gone
@@ -92,7 +94,9 @@ def _experiment_info(path: Path) -> dict:
 
 
 def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
-    rows = trial_rows(params.parent / "result.json")
+    rows, schedule = trial_rows(params.parent / "result.json"), None
+    if info.get("scheduler") in POPULATION:
+        rows, schedule = lineage_rows(params.parent, rows)
     sampled = json.loads(params.read_text())
     config = trial_config(info["settings"], sampled)
     finished = not rows.empty and rows["round"].max() >= config.rounds
@@ -101,7 +105,20 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
         return None
     return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
             "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed,
-            "log_scale": info.get("log_scale")}  # fmt: skip
+            "log_scale": info.get("log_scale"), "schedule": schedule}  # fmt: skip
+
+
+def lineage_rows(trial_dir: Path, reported: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """A population-based trial's rows: those its state went through (its latest checkpoint's rounds file: a
+    donor's rounds, then its own), then any it reported after that checkpoint; and its schedule (round, trial,
+    settings). Its result.json alone mixes the rounds of the states it held before and after an exploit."""
+    latest = max(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}"), default=None)
+    if latest is None:
+        return reported, None
+    schedule, settings = read_rounds(latest)
+    lineage = pd.read_parquet(latest)
+    after = reported[reported["round"] > lineage["round"].max()] if not reported.empty else reported
+    return pd.concat([lineage, after], ignore_index=True), pd.DataFrame(schedule)[["round", "trial", *settings]]
 
 
 def tune_failure(error_txt: Path) -> str:

@@ -12,8 +12,8 @@ import pandas as pd
 from tuner import papers
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
-from tuner.report.best import best_configs, best_markdown
-from tuner.report.plots import plot_curves, plot_sweeps
+from tuner.report.best import best_configs, best_markdown, best_schedules, schedule_markdown
+from tuner.report.plots import plot_curves, plot_schedule, plot_sweeps
 from tuner.report.runs import SELECTION, find_runs, summarize
 from tuner.report.tables import agreement, paper_cell, paper_tables, render
 
@@ -45,8 +45,16 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
             written += [stage / "tables.parquet", stage / "agreement.parquet", stage / "tables.md", stage / "tables.tex"]
         best = best_configs(runs, summaries)
         if not best.empty:
+            schedules = best_schedules(runs, summaries, best)
             write_atomic(stage / "best.parquet", lambda p: best.to_parquet(p, index=False))
-            write_text_atomic(stage / "best.md", note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n")
+            text = note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n"
+            for s in schedules:  # replayed by `tuner run --config X.yaml --schedule X.csv`
+                stem = stage / s["file"].removesuffix(".csv")
+                write_atomic(stem.with_suffix(".csv"), lambda p: s["schedule"].drop(columns="trial").to_csv(p, index=False))
+                write_text_atomic(stem.with_suffix(".yaml"), s["config"].to_yaml())
+                text += schedule_markdown(s["sweep"], s["schedule"], s["file"], s["config"].method)
+                written += [stem.with_suffix(".csv"), stem.with_suffix(".yaml"), plot_schedule(s, stem.with_suffix(".png"))]
+            write_text_atomic(stage / "best.md", text)
             written += [stage / "best.parquet", stage / "best.md"]
         written += plot_curves(runs, summaries, stage) + plot_sweeps(runs, summaries, stage)
         for made in written:

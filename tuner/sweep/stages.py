@@ -1,7 +1,8 @@
 """A sweep as Ray Tune experiments, one a stage, in the sweep's directory (`--storage/--name`), each with an
 `experiment.yaml` that `tuner report` reads to rebuild every trial's full RunConfig:
 
-    search/   the Optuna search (OptunaSearch; ASHA and patience stop trials early)
+    search/   the Optuna search (OptunaSearch; ASHA and patience stop trials early), or a population trained
+              with PBT or PB2 (tuner/sweep/population.py)
     seeds/    the best configuration rerun with fresh seeds (`--seeds N`)
 
 `tuner reproduce` writes one stage, `reproduce/`, whose trials carry their table cell. A stage resumes where
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import ray
 import yaml
 from ray import tune
@@ -28,10 +30,11 @@ from ray.tune.search.optuna import OptunaSearch
 from tuner.config import TRIAL_RETRIES, user_path
 from tuner.errors import Interrupted, UserError, first_sentence
 from tuner.files import ensure_writable, folder_lock, unwritable_reason, write_text_atomic
-from tuner.selection import SCORE, best_of, started, trial_dirname, trial_score
+from tuner.selection import SCORE, best_of, selection, started, trial_dirname, trial_score
 from tuner.space import Space
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, quiet, stage_counts
+from tuner.sweep.population import first_population, population_scheduler, tune_domain
 from tuner.sweep.stopping import FinalFailures, asha, stoppers
 from tuner.sweep.trainable import federated_trial
 
@@ -78,7 +81,7 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 def run_stage(
     sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
     *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
-    rounds: int, resume: bool, extra: dict | None = None, budget: int | None = None,
+    rounds: int, resume: bool, extra: dict | None = None, budget: int | None = None, keep_checkpoints: int = 2,
 ):  # fmt: skip
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     check_request(res)  # before anything is written or started
@@ -109,7 +112,7 @@ def run_stage(
                 callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
-                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints),
                 failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
@@ -250,27 +253,33 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
     restoring = resume and tune.Tuner.can_restore(str(search_dir))
-    searcher = None
-    if not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
+    searcher, param_space, scheduler, keep = None, None, asha(space.stop.grace, cfg.rounds), 2
+    pop = space.population
+    if pop:  # a donor's checkpoint at every perturbation, kept until its recipients have read it
+        base, param_space, scheduler, keep = {**base, "checkpoint_every": pop.interval}, {n: tune_domain(d) for n, d in space.search.items()}, population_scheduler(space), 4
+    if not restoring and pop:
+        searcher = first_population(space, cfg.seed)
+    elif not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
         storage = study_storage(study_db) if study_db else None
         searcher = StoppableOptunaSearch(
             space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
             study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
         )  # fmt: skip
     grid = run_stage(
-        sweep_dir, "search", base, space.select, space.report_every, res,
-        searcher=searcher, scheduler=asha(space.stop.grace, cfg.rounds), stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
-        samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds,
-        extra={"method": space.method, "space": space.source, "sampler": space.sampler,
+        sweep_dir, "search", base, space.select, space.report_every, res, param_space=param_space,
+        searcher=searcher, scheduler=scheduler, stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
+        samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds, keep_checkpoints=keep,
+        extra={"method": space.method, "space": space.source, "sampler": space.sampler, "scheduler": pop.kind if pop else "asha",
                "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)]},  # the report's axes
     )  # fmt: skip
-    best = best_of((r for r in grid if r.metrics), lambda r: trial_score(r.metrics, space.select), lambda r: started(r.path))
+    figures = {r.path: population_figures(r, space.select) if pop else r.metrics for r in grid if r.metrics}
+    best = best_of((r for r in grid if r.metrics), lambda r: trial_score(figures[r.path], space.select), lambda r: started(r.path))
     refused = [r.metrics["failed"] for r in grid if r.metrics and r.metrics.get("failed_kind") == "refused"]
     refusal = UserError(f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {sweep_dir} refused a setting the search gave "
                         f"({refused[0]}); fix the space and sweep again (--name for a new sweep).") if refused else None  # fmt: skip
     if best is None:
         raise refusal or UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
-    summary = {"best_config": dict(best.config), "best": {k: best.metrics.get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
+    summary = {"best_config": dict(best.config), "best": {k: figures[best.path].get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
     spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.max_total_rounds
     if budget and spent >= budget:  # trials stopped short by the budget: said, not left to look like early stopping
         summary["ended_by"] = f"the round budget: {spent} rounds over all trials reached max_total_rounds {budget}"
@@ -289,6 +298,15 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
     return summary
 
+
+
+def population_figures(result, select: str) -> dict:
+    """A population-based trial's figures from the rounds its state went through (its last report may come from
+    before its last exploit: Tune keeps what a trial reported before an exploit and may drop what follows it)."""
+    from tuner.report.runs import lineage_rows
+
+    rows, _ = lineage_rows(Path(result.path), pd.DataFrame())
+    return {**result.metrics, **selection(rows.to_dict("records"), select), "round": int(rows["round"].max())} if len(rows) else result.metrics
 
 
 def study_storage(path: Path) -> optuna.storages.RDBStorage:

@@ -1,5 +1,10 @@
 """One federated run as a Ray Tune trial: built from its configuration, reported every few rounds with the
-selection rule's figures, checkpointed whole, and restored from its latest readable checkpoint."""
+selection rule's figures, checkpointed whole, and restored from its latest readable checkpoint, or from another
+trial's (population-based training's exploit: this trial's settings over the donor's state).
+
+Beside each checkpoint, `rounds.parquet` holds every round its state went through: the round's figures, the
+trial that ran it and the values of the trial's searched settings then (its schedule, tuner/schedule.py; a
+donor's rounds come with its state)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from ray import tune
 from tuner.config import auto_engine, trial_config, trial_settings
 from tuner.errors import DivergedError, OutOfMemory, UserError
 from tuner.files import write_atomic
+from tuner.schedule import ROUNDS_FILE, read_rounds, write_rounds
 from tuner.selection import selection
 
 CHECKPOINT_FILE = "simulation.pt"
@@ -32,6 +38,8 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
 
+    searched = {k: v for k, v in config.items() if not isinstance(v, dict)}  # the schedule's columns
+    trial = tune.get_context().get_trial_name()
     settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
     placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
     if settings.get("device", "auto") == "auto":  # the trial's share of the cluster decides, not what the node happens to have
@@ -45,10 +53,10 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
             cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone, cfg.method))
         sim = build_simulation(cfg)
         checkpoint = tune.get_checkpoint()
-        if checkpoint:
-            restore(sim, checkpoint)
+        schedule = restore(sim, checkpoint) if checkpoint else []
         while sim.round < cfg.rounds:
             row = sim.step()
+            schedule.append({"round": sim.round, "trial": trial, **searched})
             checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
             if not (checkpoint_due or sim.round % report_every == 0):
                 continue
@@ -56,6 +64,7 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
             if checkpoint_due:
                 with tempfile.TemporaryDirectory() as d:
                     write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
+                    write_rounds(Path(d) / ROUNDS_FILE, sim.history, schedule, list(searched))
                     tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
             else:
                 tune.report(metrics)
@@ -68,9 +77,10 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         raise
 
 
-def restore(sim, checkpoint) -> None:
+def restore(sim, checkpoint) -> list[dict]:
     """The trial's latest checkpoint, or, where it cannot be read (damaged by a kill or a full disk), the one
-    before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1."""
+    before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1. Returns the
+    schedule that brought the state there (a donor's, after an exploit)."""
     import torch
 
     latest = Path(checkpoint.path)
@@ -84,6 +94,8 @@ def restore(sim, checkpoint) -> None:
         sim.load_state_dict(state)
         if candidate != latest:
             print(f"resumed from {candidate.name}, the checkpoint before the damaged one", file=sys.stderr, flush=True)
-        return
+        rounds = candidate / ROUNDS_FILE
+        return [r for r in read_rounds(rounds)[0] if r["round"] <= sim.round] if rounds.exists() else []
     print("no checkpoint of this trial can be read; it starts again from round 1", file=sys.stderr, flush=True)
+    return []
 
