@@ -205,9 +205,6 @@ def sweep(
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose, compile_cache)
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
-    if seeds and sp.population:
-        raise UserError(f"--seeds reruns one configuration, and a {sp.population.kind} trial's is a schedule: replay it with "
-                        "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds.")  # fmt: skip
     for note in sp.notes:
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     how = f"{sp.population.kind} over {', '.join(sp.population.mutate)} every {sp.population.interval} rounds" if sp.population else f"sampler {sp.sampler}"

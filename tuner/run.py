@@ -18,7 +18,7 @@ import yaml
 
 from algorithms.base import Method, Training, Unsupported
 from algorithms.net import Net
-from tuner.config import RunConfig
+from tuner.config import RunConfig, apply_settings
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
@@ -30,7 +30,7 @@ from tuner.errors import UserError
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
-from tuner.schedule import SCHEDULE_FILE, load_schedule, rebuilt, settings_at, with_settings
+from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
 
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
@@ -153,6 +153,14 @@ def _decoding_to(dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tens
     return decoded
 
 
+def rebuilt(sim: Simulation, cfg: RunConfig) -> Simulation:
+    """`sim`'s state under other settings: a new simulation of cfg on the same data, holding what sim holds (an
+    exploit of population-based training does the same from a checkpoint)."""
+    new = build_simulation(cfg, data=sim.data)
+    new.load_state_dict(sim.state_dict())
+    return new
+
+
 class RunDir:
     """The files of one run."""
 
@@ -220,7 +228,7 @@ def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested
     schedule = load_schedule(schedule_file or kept, cfg) if schedule_file or (resume and kept.exists()) else None
     current = settings_at(schedule, 1) if schedule is not None else None
     if schedule is not None:  # config.yaml says what round 1 ran
-        cfg = with_settings(cfg, current, "the schedule's round 1")
+        cfg = apply_settings(cfg, current, "the schedule's round 1")
     sim = build_simulation(cfg)
     if resume:
         run_dir.load(sim)
@@ -232,7 +240,7 @@ def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested
     try:
         while sim.round < cfg.rounds and not stop_requested():
             if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
-                sim, current = rebuilt(sim, with_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")), wanted
+                sim, current = rebuilt(sim, apply_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")), wanted
             row = sim.step()
             if cfg.engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
                 cfg = replace(cfg, engine=sim.settings.engine)

@@ -4,14 +4,13 @@ state went through its donors' rounds and its own, each with the values it had t
 
 A sweep's trial writes `rounds.parquet` beside each checkpoint: each round's figures, the trial that ran it and
 its searched settings' values, which the file's `settings` metadata names. A schedule file is such a file, or a
-CSV or Parquet file of a `round` column and one column a setting. Replaying changes settings where the trial
-did, between two rounds, the way an exploit does: the next round's simulation is built with the new values and
-takes the state the last one left, so it runs what the trial ran."""
+CSV or Parquet file of a `round` column and one column a setting. Replaying (tuner/run.py) changes settings where
+the trial did, between two rounds, the way an exploit does: the next round's simulation is built with the new
+values and takes the state the last one left, so it runs what the trial ran."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,20 +79,6 @@ def settings_at(schedule: pd.DataFrame, round_: int) -> dict[str, Any]:
     """The settings of `round_`; past the schedule's last round, its last values."""
     row = schedule.loc[min(round_, len(schedule))]
     return {name: _plain(value) for name, value in row.items()}
-
-
-def with_settings(cfg: RunConfig, values: dict[str, Any], source: str) -> RunConfig:
-    return apply_settings(replace(cfg), values, source).resolved()
-
-
-def rebuilt(sim, cfg: RunConfig):
-    """`sim`'s state under other settings: a new simulation of cfg on the same data, holding what sim holds (an
-    exploit does the same from a checkpoint)."""
-    from tuner.run import build_simulation
-
-    new = build_simulation(cfg, data=sim.data)
-    new.load_state_dict(sim.state_dict())
-    return new
 
 
 def _plain(value):

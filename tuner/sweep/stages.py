@@ -236,6 +236,9 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
           study_db: Path | None = None) -> dict:  # fmt: skip
     """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
     quiet(res.verbose)
+    if seeds and space.population:
+        raise UserError(f"--seeds reruns one configuration, and a {space.population.kind} trial's is a schedule: replay it with "
+                        "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds.")  # fmt: skip
     sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
     search_dir = sweep_dir / "search"
     if not resume and search_dir.exists():

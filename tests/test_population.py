@@ -1,0 +1,181 @@
+"""Population-based training (`tuner sweep --scheduler pbt|pb2`): what a space file may ask of it, that an exploit
+continues the donor's state exactly under the new settings and compiles nothing, that a schedule replays its
+trial's rounds, and the whole path on Ray (a synchronous PBT sweep, its report, the replay of an exploited trial)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from simulations import assert_equal_states, exact_config, run_rounds
+from tuner.cli import app
+from tuner.errors import UserError
+from tuner.run import build_simulation, run
+from tuner.schedule import ROUNDS_FILE, read_rounds
+from tuner.space import load_space
+
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+BASE = "settings: {dataset: digits, clients: 4, rounds: 10}\n"
+
+
+def write(tmp_path, text):
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_pbt_perturbs_the_searched_float_settings_and_replaces_asha(tmp_path):
+    space = load_space(SPACES / "demo.yaml", "gpfl", {"scheduler": "pbt"})
+    pop = space.population
+    assert (pop.kind, pop.mutate, pop.interval, pop.quantile, pop.synch) == ("pbt", ["lam", "mu", "lr"], 3, 0.25, False)  # 15 rounds // 5
+    assert space.stop.grace is None and any("ASHA does not run under pbt" in n for n in space.notes)
+    assert load_space(SPACES / "demo.yaml", "gpfl").population is None  # asha, as before
+    mapping = write(tmp_path, BASE + "search: {lr: {loguniform: [0.001, 0.1]}, batch_size: {grid: [10, 20]}}\n"
+                    "samples: 4\nscheduler: {kind: pb2, perturbation_interval: 2, synch: true}\n")  # fmt: skip
+    pop = load_space(mapping, "fedavg").population
+    assert (pop.kind, pop.mutate, pop.interval, pop.synch) == ("pb2", ["lr"], 2, True)  # batch_size stays searched, not mutated
+    assert load_space(mapping, "fedavg", {"scheduler": "pbt"}).population.interval == 2  # --scheduler names the kind alone
+
+
+@pytest.mark.parametrize("text, message", [
+    ("search: {batch_size: {int: [10, 50]}, lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [batch_size]}",
+     "scheduler.mutate names 'batch_size', which shapes a training step or the data"),
+    ("search: {lr: {grid: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [lr]}", "perturbs uniform and loguniform ranges only"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [mu]}", "names 'mu', which search does not"),
+    ("search: {batch_size: {grid: [10, 20]}}\nsamples: 4\nscheduler: pbt", "pbt perturbs float training settings"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, perturbation_interval: 10}", "must be below the run's 10 rounds"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, quantile: 0.7}", "quantile must be above 0 and at most 0.5"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 1\nscheduler: pbt", "needs a population of at least 2 trials"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, synch: 1}", "scheduler.synch must be true or false"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, interval: 2}", "scheduler.interval is unknown"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: {kind: asha, quantile: 0.2}", "belongs to pbt and pb2; ASHA is set by stop.grace"),
+    ("search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: hyperband", "unknown scheduler 'hyperband'; use one of asha, pbt, pb2"),
+])  # fmt: skip
+def test_a_population_a_space_cannot_train_is_refused_in_one_sentence(tmp_path, text, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_space(write(tmp_path, BASE + text), "fedavg")
+
+
+def test_seed_reruns_of_a_population_sweep_are_refused_before_anything_starts(tmp_path):
+    res = CliRunner().invoke(app, ["sweep", "gpfl", "--space", str(SPACES / "demo.yaml"), "--scheduler", "pbt", "--seeds", "2", "--storage", str(tmp_path)])
+    assert res.exit_code == 2 and "a pbt trial's is a schedule: replay it with `tuner run --schedule`" in " ".join(res.output.split())
+    assert not list(tmp_path.iterdir())
+
+
+def set_in_place(sim, lr: float, lam: float) -> None:
+    """The donor's own simulation going on under other settings: its hyperparameter inputs overwritten where they are."""
+    sim.method.training.lr.fill_(lr)
+    sim.method.hp.lam.fill_(lam)
+
+
+@pytest.mark.parametrize("executor", ["vectorized", "sequential"])
+def test_after_an_exploit_the_next_round_is_the_donors_state_going_on_under_the_new_settings(tmp_path, executor):
+    """The recipient is built with its new settings and loads the donor's checkpoint file, as a PBT trial does; the
+    reference is the donor's own simulation with its hyperparameter inputs changed in place (float64)."""
+    donor_cfg = exact_config("gpfl", executor=executor, join_ratio="1", rounds=4, lr=0.05, hparams={"lam": 0.01, "mu": 0.1})
+    donor, _ = run_rounds(donor_cfg, 2)
+    torch.save(donor.state_dict(), tmp_path / "simulation.pt")
+    recipient = build_simulation(replace(donor_cfg, lr=0.02, hparams={"lam": 0.3, "mu": 0.1}))
+    recipient.load_state_dict(torch.load(tmp_path / "simulation.pt", weights_only=True))
+    set_in_place(donor, lr=0.02, lam=0.3)
+    rows = donor.step(), recipient.step()
+    assert_equal_states(donor, recipient)
+    assert rows[0]["acc"] == rows[1]["acc"] and rows[0]["train_loss"] == pytest.approx(rows[1]["train_loss"], abs=1e-12)
+    unchanged, _ = run_rounds(donor_cfg, 3)  # the new settings took effect: the round differs from the donor's own third
+    assert not torch.allclose(unchanged.server["body.1.weight"], recipient.server["body.1.weight"], atol=1e-6)
+
+
+def test_a_schedule_replays_the_rounds_an_exploit_gave_a_trial(tmp_path):
+    """Two rounds at lr 0.05 (the donor's), then two at 0.02 (the recipient's, from the donor's state): the replay of
+    that schedule from round 1 is the same four rounds (float64)."""
+    cfg = exact_config("fedavg", executor="vectorized", join_ratio="1", rounds=4, lr=0.05)
+    donor, rows = run_rounds(cfg, 2)
+    recipient = build_simulation(replace(cfg, lr=0.02))
+    recipient.load_state_dict(donor.state_dict())
+    rows += [recipient.step(), recipient.step()]
+    schedule = tmp_path / "schedule.csv"
+    pd.DataFrame({"round": [1, 2, 3, 4], "lr": [0.05, 0.05, 0.02, 0.02]}).to_csv(schedule, index=False)
+    replay = run(replace(cfg, lr=0.9).resolved(), tmp_path / "replay", schedule=schedule)  # the schedule's round 1 sets lr
+    assert_equal_states(recipient, replay)
+    assert [r["acc"] for r in replay.history] == [r["acc"] for r in rows]
+    assert "lr: 0.05" in (tmp_path / "replay" / "config.yaml").read_text()  # config.yaml says what round 1 ran
+
+
+def test_a_schedule_file_that_is_wrong_is_one_sentence(tmp_path):
+    cfg = exact_config("fedavg", rounds=3).resolved()
+    for frame, message in [
+        ({"round": [1, 3], "lr": [0.1, 0.2]}, "one row a round from round 1 on"),
+        ({"round": [1, 2], "lam": [0.1, 0.2]}, "'lam' is not a setting of fedavg"),
+        ({"round": [1, 2]}, "names no setting"),
+        ({"lr": [0.1, 0.2]}, "has no 'round' column"),
+    ]:  # fmt: skip
+        pd.DataFrame(frame).to_csv(tmp_path / "s.csv", index=False)
+        with pytest.raises(UserError, match=message):
+            run(cfg, tmp_path / "r", schedule=tmp_path / "s.csv")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_perturbation_compiles_nothing():
+    """The recipient's programs are the donor's: its new numbers are inputs of the same programs."""
+    from tuner.run import rebuilt
+
+    cfg = exact_config("gpfl", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"lam": 0.01, "mu": 0.1})
+    donor, _ = run_rounds(cfg, 1)
+    assert donor.executor.ran.programs > 0 and not donor.executor.ran.not_compiled()
+    recipient = rebuilt(donor, replace(cfg, lr=0.02, hparams={"lam": 0.3, "mu": 0.2}).resolved())
+    recipient.step()
+    assert recipient.executor.ran.programs == 0 and recipient.executor.ran.compiled_steps > 0 and not recipient.executor.ran.not_compiled()
+
+
+TINY_PBT = """
+settings: {dataset: digits, partition: iid, clients: 4, rounds: 4, executor: sequential, dtype: float64}
+search:
+  lr: {loguniform: [0.001, 0.2]}
+samples: 3
+scheduler: {kind: pbt, perturbation_interval: 2, synch: true}
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pbt_sweep_exploits_reports_its_best_schedule_and_the_exploited_trial_replays_exactly(tmp_path):
+    """Synchronous PBT over 3 trials: at round 2 the bottom trial takes the top one's state (who depends on scores
+    alone). Its rounds file names the donor for rounds 1-2 and itself after; replaying that file from round 1
+    gives its rounds (float64); the report writes the best trial's schedule and the files that replay it."""
+    import ray
+
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY_PBT)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path / "s")])
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 0, res.output
+    assert "pbt over lr every 2 rounds" in " ".join(res.output.split())
+    lineages = {}
+    for trial in sorted((tmp_path / "s" / "fedavg-tiny" / "search").glob("federated_trial_*")):
+        rounds = max(trial.glob(f"checkpoint_*/{ROUNDS_FILE}"))
+        lineages[trial.name] = (rounds, read_rounds(rounds)[0])
+    exploited = [(path, rows) for path, rows in lineages.values() if rows[0]["trial"] != rows[-1]["trial"]]
+    assert exploited, {name: [r["trial"] for r in rows] for name, (_, rows) in lineages.items()}
+    path, rows = exploited[0]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and rows[1]["trial"] != rows[2]["trial"] and rows[1]["lr"] != rows[2]["lr"]
+    replay = CliRunner().invoke(app, ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential",
+                                      "--set", "dtype=float64", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(tmp_path / "replay")])  # fmt: skip
+    assert replay.exit_code == 0, replay.output
+    replayed, trained = pd.read_parquet(tmp_path / "replay" / "metrics.parquet"), pd.read_parquet(path)
+    assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])
+    assert (replayed["train_loss"] - trained["train_loss"]).abs().max() < 1e-9
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--out", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
+    best_md = (tmp_path / "r" / "best.md").read_text()
+    assert "## fedavg-tiny: the best trial's schedule" in best_md
+    assert "`tuner run fedavg --config schedule-fedavg-tiny.yaml --schedule schedule-fedavg-tiny.csv`" in best_md
+    schedule = pd.read_csv(tmp_path / "r" / "schedule-fedavg-tiny.csv")
+    assert list(schedule.columns) == ["round", "lr"] and list(schedule["round"]) == [1, 2, 3, 4]
+    assert (tmp_path / "r" / "schedule-fedavg-tiny.png").stat().st_size > 0
