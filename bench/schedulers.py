@@ -1,5 +1,5 @@
 """Tuning while training against searching before it, at equal rounds a sweep: Optuna's TPE with ASHA against
-synchronous PBT against synchronous PB2, each over the same space, several sweep seeds each (the seed draws the
+PBT against PB2, each over the same space, several sweep seeds each (the seed draws the
 first trials and seeds their runs). For each sweep: the best trial's validation accuracy and the test accuracy at
 its round (the selection rule, `select: val`), the rounds all its trials trained, and the anytime curve (the
 best validation accuracy any trial had reached, against the rounds spent so far).
@@ -41,7 +41,7 @@ def space(method: str, scheduler: str, args) -> dict:
     out = {"settings": settings, "search": SEARCH[method], "select": "val", "samples": args.samples}
     if scheduler == "asha":
         return out | {"samples": 2 * args.samples, "stop": {"grace": args.rounds // 4, "max_total_rounds": args.samples * args.rounds}}
-    return out | {"scheduler": {"kind": scheduler, "perturbation_interval": args.rounds // 5, "synch": True}}
+    return out | {"scheduler": {"kind": scheduler, "perturbation_interval": args.rounds // 5}}
 
 
 def sweep(method: str, scheduler: str, seed: int, args) -> Path:
@@ -57,10 +57,12 @@ def sweep(method: str, scheduler: str, seed: int, args) -> Path:
     return storage / name
 
 
-def anytime(sweep_dir: Path, scheduler: str, budget: int, interval: int) -> tuple[int, list[float]]:
+def anytime(sweep_dir: Path, scheduler: str, budget: int) -> tuple[int, list[float]]:
     """(rounds all trials trained, the best validation accuracy reached by each point of SPENT_AT × budget). ASHA's
-    trials in the order their rounds were reported; a synchronous population in lockstep: at round r every trial
-    has trained r rounds, and the best is the best of the rounds any state went through by then."""
+    trials in the order their rounds were reported. A population as if in lockstep (PBT runs the trial furthest
+    behind first and pauses those ahead, so its trials stay within about one interval of each other): at round r
+    all have trained r rounds, and the best is the best of the rounds their final states went through by then
+    (a trial's rounds before it took another's state are gone from its file: they ranked in the bottom quantile)."""
     trials = sorted((sweep_dir / "search").glob("federated_trial_*"))
     if scheduler == "asha":
         rows = pd.concat([trial_rows(t / "result.json") for t in trials], ignore_index=True).sort_values("timestamp", kind="stable")
@@ -91,7 +93,7 @@ def main() -> None:
             for seed in args.seeds:
                 sweep_dir = sweep(method, scheduler, seed, args)
                 best = yaml.safe_load((sweep_dir / "summary.yaml").read_text())["best"]
-                spent, points = anytime(sweep_dir, scheduler, budget, args.rounds // 5)
+                spent, points = anytime(sweep_dir, scheduler, budget)
                 results.append({"method": method, "scheduler": scheduler, "seed": seed, "best_val_acc": best["best_val_acc"],
                                 "selected_acc": best["selected_acc"], "rounds_spent": spent, "anytime": points})  # fmt: skip
                 print(json.dumps(results[-1]), flush=True)

@@ -14,8 +14,7 @@ A space is a YAML file (see `search_spaces/`):
     report_every: 1                # rounds between reports to Tune
     stop: {grace: 50, patience: 100, max_total_rounds: null}
     scheduler: asha                # asha (stop.grace), or tune while training: pbt or pb2, or a mapping:
-    # scheduler: {kind: pbt, perturbation_interval: 10, quantile: 0.25, resample_probability: 0.25, mutate: [lr, lam],
-    #             synch: false}  # synch: each perturbation waits for the whole population (exploits by score, not arrival)
+    # scheduler: {kind: pbt, perturbation_interval: 10, quantile: 0.25, resample_probability: 0.25, mutate: [lr, lam]}
 
 Every value a distribution can produce is checked against the method before anything starts,
 so a sweep never fails on its hundredth trial because of a typo in its space.
@@ -48,7 +47,7 @@ SELECTS = ("test", "val")
 TOP_KEYS = ("method", "setting", "settings", "search", "sampler", "samples", "select", "report_every", "stop", "scheduler")
 STOP_KEYS = ("grace", "patience", "max_total_rounds")
 SCHEDULERS = ("asha", "pbt", "pb2")
-POPULATION_KEYS = ("kind", "perturbation_interval", "quantile", "resample_probability", "mutate", "synch")
+POPULATION_KEYS = ("kind", "perturbation_interval", "quantile", "resample_probability", "mutate")
 # What population-based training may change while a trial trains: floats every step reads as a program input (a
 # changed value recompiles nothing, docs/engine.md), never what shapes a step or the data (batch size, epochs, the
 # backbone, the split). A method's own float hyperparameters join these.
@@ -64,16 +63,17 @@ class Stopping:
 
 @dataclass
 class Population:
-    """Population-based training over the sweep's trials (Ray Tune's PBT or PB2): every `interval` rounds a trial in
-    the bottom `quantile` takes the whole federated state of one in the top quantile (exploit) and perturbs or
-    resamples the `mutate` settings (explore; PB2 chooses them by a GP bandit)."""
+    """Population-based training over the sweep's trials (Ray Tune's PBT or PB2, asynchronous): every `interval`
+    rounds a trial in the bottom `quantile` takes the whole federated state of one in the top quantile (exploit) and
+    perturbs or resamples the `mutate` settings (explore; PB2 chooses them by a GP bandit). Not Ray Tune's
+    synchronous form: a trial failing between two perturbations leaves the others paused for good (Ray 2.60; seen
+    with a diverging GPFL trial)."""
 
     kind: str  # pbt | pb2
     interval: int  # rounds between perturbations (and checkpoints)
     quantile: float = 0.25
     resample_probability: float = 0.25
     mutate: list[str] = field(default_factory=list)
-    synch: bool = False  # wait for the whole population at each perturbation: who exploits whom depends on scores alone
 
 
 @dataclass
@@ -329,12 +329,9 @@ def _population(value: Any, space: Space, cfg: RunConfig, named, sampler_given: 
         raise UserError(f"{where}: scheduler.resample_probability must be between 0 and 1, not {resample!r}.")
     if space.samples < 2:
         raise UserError(f"{named('samples')}: {kind} needs a population of at least 2 trials, not {space.samples}.")
-    synch = spec.get("synch", False)
-    if not isinstance(synch, bool):
-        raise UserError(f"{where}: scheduler.synch must be true or false, not {synch!r}.")
     if space.stop.grace is not None:
         space.notes.append(f"{named('grace')}: ASHA does not run under {kind}, which replaces the bottom trials' states instead of stopping them.")
         space.stop.grace = None
     if sampler_given:
         space.notes.append(f"{named('sampler')}: {kind} draws its first population at random (after the paper's defaults), not with an Optuna sampler.")
-    return Population(kind, interval, float(quantile), float(resample), list(mutate), synch)
+    return Population(kind, interval, float(quantile), float(resample), list(mutate))

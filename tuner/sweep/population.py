@@ -31,14 +31,14 @@ def population_scheduler(space: Space):
     if pop.kind == "pb2":
         from ray.tune.schedulers.pb2 import PB2  # needs GPy and scikit-learn
 
-        return PB2(time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile, synch=pop.synch,
+        return PB2(time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile,
                    hyperparam_bounds={name: list(b) for name, b in bounds.items()})  # fmt: skip
 
     def within_range(config: dict) -> dict:
         return {**config, **{name: min(max(config[name], low), high) for name, (low, high) in bounds.items()}}
 
     return PopulationBasedTraining(
-        time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile, synch=pop.synch,
+        time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile,
         resample_probability=pop.resample_probability, custom_explore_fn=within_range,
         hyperparam_mutations={name: tune_domain(space.search[name]) for name in pop.mutate},
     )  # fmt: skip
