@@ -2,6 +2,12 @@
 continues the donor's state exactly under the new settings and compiles nothing, that a schedule replays its
 trial's rounds, and the whole path on Ray (a PBT sweep, its report, the replay of an exploited trial)."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -247,6 +253,31 @@ def test_the_sweeps_page_quotes_the_committed_scheduler_comparison():
 
 
 def json_file(path: Path) -> dict:
-    import json
-
     return json.loads(path.read_text())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pbt_sweep_stopped_by_sigterm_resumes_every_trial_to_its_last_round(tmp_path, spawn):
+    """SIGTERM once a checkpoint exists: the sweep stops with its state saved (130, the --resume hint); --resume
+    brings the scheduler back and every trial ends at its last round with one row a round in its rounds file."""
+    root = Path(__file__).resolve().parents[1]
+    space = tmp_path / "term.yaml"
+    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 8").replace("dtype: float64", "local_epochs: 4"))
+    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = spawn(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    search, deadline = tmp_path / "fedavg-term" / "search", time.time() + 240
+    while time.time() < deadline and not list(search.glob(f"federated_trial_*/checkpoint_*/{ROUNDS_FILE}")):
+        assert proc.poll() is None, "the sweep ended before a trial checkpointed"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "--resume" in out and "Traceback" not in out, out
+    res = subprocess.run([*cmd, "--resume"], cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trials = sorted(search.glob("federated_trial_*"))
+    assert len(trials) == 3
+    for trial in trials:
+        rows = read_rounds(max(trial.glob(f"checkpoint_*/{ROUNDS_FILE}")))[0]
+        assert [r["round"] for r in rows] == list(range(1, 9)), (trial.name, rows)
