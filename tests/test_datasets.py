@@ -1,6 +1,9 @@
 """Each loader reads small files that the test writes in that dataset's exact on-disk format."""
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,8 @@ from written_data import rng, write_idx, write_image, write_mnist_like
 from tuner.data.datasets import DEBIAN_FMNIST, load_dataset, read_idx
 from tuner.errors import UserError
 from tuner.models import build_backbone
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_idx_reader_checks_format(tmp_path):
@@ -110,9 +115,22 @@ def test_har_text_files(tmp_path):
     assert ds.x.shape == (5, 9, 1, 128) and ds.y.tolist() == [0, 1, 2, 0, 1]
 
 
-def test_digits_are_bundled():
-    ds = load_dataset("digits")
+def test_digits_are_bundled_and_read_as_scikit_learn_loads_them():
+    from sklearn.datasets import load_digits
+
+    ds, theirs = load_dataset("digits"), load_digits()
     assert ds.x.shape == (1797, 1, 8, 8) and ds.num_classes == 10
+    assert torch.equal(ds.x, torch.from_numpy(np.round(theirs.images * (255.0 / 16.0)).astype(np.uint8)[:, None]))
+    assert torch.equal(ds.y, torch.from_numpy(theirs.target).long())
+
+
+def test_a_run_on_digits_does_not_import_scikit_learn():
+    """Each Ray trial is a fresh process: scikit-learn (with SciPy's statistics) costs it a second or two."""
+    code = ("import sys; from tuner.config import RunConfig; from tuner.run import build_simulation; "
+            "build_simulation(RunConfig(method='fedavg', dataset='digits', partition='iid', clients=2, rounds=1, executor='sequential')).step(); "
+            "print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_missing_data_names_the_path(tmp_path):
