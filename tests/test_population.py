@@ -21,7 +21,7 @@ from tuner.cli import app
 from tuner.config import trial_config
 from tuner.errors import UserError
 from tuner.run import build_simulation, run
-from tuner.schedule import ROUNDS_FILE, read_rounds
+from tuner.schedule import ROUNDS_FILE, load_schedule, read_rounds
 from tuner.space import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -105,7 +105,7 @@ def test_a_schedule_replays_the_rounds_an_exploit_gave_a_trial(tmp_path):
     rows += [recipient.step(), recipient.step()]
     schedule = tmp_path / "schedule.csv"
     pd.DataFrame({"round": [1, 2, 3, 4], "lr": [0.05, 0.05, 0.02, 0.02]}).to_csv(schedule, index=False)
-    replay = run(replace(cfg, lr=0.9).resolved(), tmp_path / "replay", schedule=schedule)  # the schedule's round 1 sets lr
+    replay = run(replace(cfg, lr=0.9).resolved(), tmp_path / "replay", schedule=load_schedule(schedule, cfg))  # its round 1 sets lr
     assert_equal_states(recipient, replay)
     assert [r["acc"] for r in replay.history] == [r["acc"] for r in rows]
     assert "lr: 0.05" in (tmp_path / "replay" / "config.yaml").read_text()  # config.yaml says what round 1 ran
@@ -121,8 +121,19 @@ def test_a_schedule_file_that_is_wrong_is_one_sentence(tmp_path):
     ]:  # fmt: skip
         pd.DataFrame(frame).to_csv(tmp_path / "s.csv", index=False)
         with pytest.raises(UserError, match=message):
-            run(cfg, tmp_path / "r", schedule=tmp_path / "s.csv")
-    assert not (tmp_path / "r").exists()
+            load_schedule(tmp_path / "s.csv", cfg)
+
+
+def test_tuner_run_replays_a_schedule_file_for_its_rounds_and_refuses_a_wrong_one_before_any_folder(tmp_path):
+    schedule = tmp_path / "s.csv"
+    pd.DataFrame({"round": [1, 2, 3], "lr": [0.05, 0.05, 0.02]}).to_csv(schedule, index=False)
+    args = ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential", "--schedule", str(schedule)]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert pd.read_parquet(tmp_path / "r" / "metrics.parquet")["round"].tolist() == [1, 2, 3]  # --rounds: the schedule's
+    pd.DataFrame({"round": [1, 2], "lam": [0.1, 0.2]}).to_csv(schedule, index=False)
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "wrong")])
+    assert res.exit_code == 2 and "'lam' is not a setting of fedavg" in res.output and not (tmp_path / "wrong").exists(), res.output
 
 
 @pytest.mark.slow
@@ -185,7 +196,8 @@ def test_an_exploited_trial_writes_its_donors_rounds_then_its_own_and_its_rounds
         (1, "donor", 0.05), (2, "donor", 0.05), (3, "recipient", 0.02), (4, "recipient", 0.02)]  # fmt: skip
     trained = pd.read_parquet(recipient[-1] / ROUNDS_FILE)
     assert list(trained["acc"][:2]) == list(pd.read_parquet(donor[-1] / ROUNDS_FILE)["acc"][:2])  # the donor's rounds, as it ran them
-    replay = run(trial_config(base, {"lr": 0.9}), tmp_path / "replay", schedule=recipient[-1] / ROUNDS_FILE)  # the file sets lr
+    cfg = trial_config(base, {"lr": 0.9})
+    replay = run(cfg, tmp_path / "replay", schedule=load_schedule(recipient[-1] / ROUNDS_FILE, cfg))  # the file sets lr
     assert [r["acc"] for r in replay.history] == list(trained["acc"])
     assert max(abs(r["train_loss"] - t) for r, t in zip(replay.history, trained["train_loss"])) < 1e-9
 

@@ -116,10 +116,13 @@ def run(
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
         cfg = make_config(method, config, opts, set_)
-        if schedule is not None and rounds is None:
-            from tuner.schedule import load_schedule
+    table = None
+    if schedule is not None:
+        from tuner.schedule import load_schedule
 
-            cfg = replace(cfg, rounds=len(load_schedule(schedule, cfg)))
+        table = load_schedule(schedule, cfg)
+        if rounds is None and not resume:
+            cfg = replace(cfg, rounds=len(table))
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -138,7 +141,7 @@ def run(
         stop = StopAtRoundEnd(progress.console)
         try:
             with stop.installed():
-                sim = run_simulation(cfg, out, resume=resume, on_round=on_round, stop_requested=stop, schedule=schedule)
+                sim = run_simulation(cfg, out, resume=resume, on_round=on_round, stop_requested=stop, schedule=table)
         except KeyboardInterrupt:  # the second Ctrl-C: at once, mid-round
             sim = None
         if sim is None or sim.round < cfg.rounds:

@@ -204,12 +204,12 @@ class RunDir:
 
 
 def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None,
-        stop_requested: Callable[[], bool] = lambda: False, schedule: Path | None = None) -> Simulation:
+        stop_requested: Callable[[], bool] = lambda: False, schedule: pd.DataFrame | None = None) -> Simulation:
     """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there.
     When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
     continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before.
-    `schedule`: a file of settings round by round (tuner/schedule.py), replayed from round 1; the run keeps a copy,
-    which a resume replays on."""
+    `schedule`: settings round by round (tuner.schedule.load_schedule's table), replayed from round 1; the run keeps
+    a copy, which a resume replays on."""
     run_dir = RunDir(out)
     created = not run_dir.path.exists()
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
@@ -223,9 +223,10 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
             run_dir.path.rmdir()
 
 
-def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule_file: Path | None) -> Simulation:
-    kept = run_dir.path / SCHEDULE_FILE
-    schedule = load_schedule(schedule_file or kept, cfg) if schedule_file or (resume and kept.exists()) else None
+def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule: pd.DataFrame | None) -> Simulation:
+    kept, given = run_dir.path / SCHEDULE_FILE, schedule is not None
+    if not given and resume and kept.exists():
+        schedule = load_schedule(kept, cfg)
     current = settings_at(schedule, 1) if schedule is not None else None
     if schedule is not None:  # config.yaml says what round 1 ran
         cfg = apply_settings(cfg, current, "the schedule's round 1")
@@ -235,7 +236,7 @@ def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested
         if cfg.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
             raise UserError(f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more than {sim.round} to continue it.")
     run_dir.write_config(cfg)
-    if schedule_file is not None:
+    if given:
         write_atomic(kept, lambda p: schedule.reset_index().to_parquet(p, index=False))
     try:
         while sim.round < cfg.rounds and not stop_requested():
