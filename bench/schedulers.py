@@ -5,8 +5,11 @@ its round (the selection rule, `select: val`), the rounds all its trials trained
 best validation accuracy any trial had reached, against the rounds spent so far).
 
     python bench/schedulers.py --methods fedavg gpfl --seeds 0 1 2 --out results/schedulers-digits
+    python bench/schedulers.py --dataset fmnist --rounds 10 --samples 4 --set backbone=mlp --set executor=vectorized \
+        --out results/schedulers-fmnist
 
-Each sweep is a `tuner sweep` subprocess on local Ray (sweeps under OUT/sweeps/). PBT and PB2 run `samples`
+Each sweep is a `tuner sweep` subprocess on local Ray (sweeps under OUT/sweeps/; a finished one is read, not run
+again, and one stopped midway resumes, so a long comparison may be stopped and run again to go on). PBT and PB2 run `samples`
 trials of `rounds` rounds; ASHA runs twice the trials under `max_total_rounds` = samples × rounds, so every
 sweep has the same rounds to spend (ASHA spends what its stopped trials leave on more trials). Writes
 OUT/comparison.json (with the command, commit and machine), OUT/comparison.md and OUT/anytime.png."""
@@ -38,6 +41,7 @@ SPENT_AT = (0.25, 0.5, 0.75, 1.0)  # the anytime curve's points, as fractions of
 
 def space(method: str, scheduler: str, args) -> dict:
     settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": args.rounds, "executor": "sequential"}
+    settings |= dict((key, yaml.safe_load(value)) for key, _, value in (s.partition("=") for s in args.set))
     out = {"settings": settings, "search": SEARCH[method], "select": "val", "samples": args.samples}
     if scheduler == "asha":
         return out | {"samples": 2 * args.samples, "stop": {"grace": args.rounds // 4, "max_total_rounds": args.samples * args.rounds}}
@@ -52,8 +56,9 @@ def sweep(method: str, scheduler: str, seed: int, args) -> Path:
     storage.mkdir(parents=True, exist_ok=True)
     file = storage / f"{name}.yaml"
     file.write_text(yaml.safe_dump(space(method, scheduler, args), sort_keys=False))
+    resume = ["--resume"] if (storage / name / "search").exists() else []  # a sweep stopped midway (Ctrl-C) goes on
     subprocess.run([sys.executable, "-m", "tuner.cli", "sweep", method, "--space", str(file), "--storage", str(storage), "--name", name,
-                    "--set", f"seed={seed}"], check=True, cwd=ROOT)  # fmt: skip
+                    "--set", f"seed={seed}", *resume], check=True, cwd=ROOT)  # fmt: skip
     return storage / name
 
 
@@ -84,6 +89,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--samples", type=int, default=8, help="PBT's and PB2's population (ASHA: twice as many trials)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run setting of every sweep (backbone=mlp)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     budget, out = args.samples * args.rounds, Path(args.out)
@@ -98,6 +104,7 @@ def main() -> None:
                                 "selected_acc": best["selected_acc"], "rounds_spent": spent, "anytime": points})  # fmt: skip
                 print(json.dumps(results[-1]), flush=True)
     setting = {k: getattr(args, k) for k in ("dataset", "partition", "clients", "rounds", "samples")} | {"budget_rounds": budget, "spent_at": list(SPENT_AT)}
+    setting |= {"settings": space(args.methods[0], "asha", args)["settings"]}
     provenance.write(out / "comparison.json", {"setting": setting, "sweeps": results})
     table = pd.DataFrame(results)
     summary = table.groupby(["method", "scheduler"], sort=False).agg(

@@ -251,15 +251,18 @@ def test_a_pbt_sweep_runs_reports_its_best_schedule_and_an_exploited_trial_repla
     assert (tmp_path / "r" / "schedule-fedavg-tiny.png").stat().st_size > 0
 
 
-def test_the_sweeps_page_quotes_the_committed_scheduler_comparison():
-    """docs/sweeps.md's table and sentences are bench/schedulers.py's committed output, recomputed from its JSON."""
+@pytest.mark.parametrize("folder", ["schedulers-digits", "schedulers-fmnist"])
+def test_the_sweeps_page_quotes_the_committed_scheduler_comparison(folder):
+    """docs/sweeps.md's tables and sentences are bench/schedulers.py's committed output, recomputed from its JSON."""
     root = Path(__file__).resolve().parents[1]
-    record = json_file(root / "results/schedulers-digits/comparison.json")
+    record = json_file(root / "results" / folder / "comparison.json")
     sweeps = pd.DataFrame(record["figures"]["sweeps"])
     page = " ".join((root / "docs/sweeps.md").read_text().split())
+    spent_at = record["figures"]["setting"]["spent_at"]
     for (method, scheduler), group in sweeps.groupby(["method", "scheduler"]):
         val, test = 100 * group["best_val_acc"], 100 * group["selected_acc"]
-        row = f"| {method} | {scheduler} | {len(group)} | {val.mean():.2f} ± {val.std():.2f} | {test.mean():.2f} ± {test.std():.2f} |"
+        anytime = " / ".join(f"{100 * pd.Series([a[i] for a in group['anytime']]).mean():.1f}" for i in range(len(spent_at)))
+        row = f"| {method} | {scheduler} | {len(group)} | {val.mean():.2f} ± {val.std():.2f} | {test.mean():.2f} ± {test.std():.2f} | {anytime} |"
         assert row in page, row
     assert record["command"] in page and record["commit"] in page
 
