@@ -138,13 +138,14 @@ def test_tuner_run_replays_a_schedule_file_for_its_rounds_and_refuses_a_wrong_on
 
 @pytest.mark.slow
 def test_a_perturbation_compiles_nothing():
-    """The recipient's programs are the donor's: its new numbers are inputs of the same programs."""
+    """The recipient's programs are the donor's: its new numbers (the learning rate, FedProx's μ: the method's
+    float hyperparameters are inputs alike, tests/test_engine.py) are inputs of the same programs."""
     from tuner.run import rebuilt
 
-    cfg = exact_config("gpfl", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"lam": 0.01, "mu": 0.1})
+    cfg = exact_config("fedprox", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"mu": 0.1})
     donor, _ = run_rounds(cfg, 1)
     assert donor.executor.ran.programs > 0 and not donor.executor.ran.not_compiled()
-    recipient = rebuilt(donor, replace(cfg, lr=0.02, hparams={"lam": 0.3, "mu": 0.2}).resolved())
+    recipient = rebuilt(donor, replace(cfg, lr=0.02, hparams={"mu": 0.3}).resolved())
     recipient.step()
     assert recipient.executor.ran.programs == 0 and recipient.executor.ran.compiled_steps > 0 and not recipient.executor.ran.not_compiled()
 
