@@ -102,6 +102,7 @@ def run(
 ):
     """Run one federated simulation and write its per-round metrics."""
     from tuner.run import RunDir, run as run_simulation
+    from tuner.schedule import load_schedule
 
     if out is None:
         if resume:
@@ -116,13 +117,9 @@ def run(
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
         cfg = make_config(method, config, opts, set_)
-    table = None
-    if schedule is not None:
-        from tuner.schedule import load_schedule
-
-        table = load_schedule(schedule, cfg)
-        if rounds is None and not resume:
-            cfg = replace(cfg, rounds=len(table))
+    table = None if schedule is None else load_schedule(schedule, cfg)
+    if table is not None and rounds is None and not resume:
+        cfg = replace(cfg, rounds=len(table))
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
