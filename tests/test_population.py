@@ -212,46 +212,6 @@ scheduler: {kind: pbt, perturbation_interval: 2}
 """
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_pbt_sweep_runs_reports_its_best_schedule_and_an_exploited_trial_replays_exactly(tmp_path):
-    """PBT over 3 trials on Ray: every trial's rounds file covers its rounds; whether a trial exploits another here
-    depends on when Ray Tune sees each report (seen both ways: the test above exploits for certain), and where one
-    did its file replays exactly (float64); the report writes the best trial's schedule and its replay files."""
-    import ray
-
-    space = tmp_path / "tiny.yaml"
-    space.write_text(TINY_PBT)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path / "s")])
-    finally:
-        ray.shutdown()
-    assert res.exit_code == 0, res.output
-    assert "pbt over lr every 2 rounds" in " ".join(res.output.split())
-    exploited = []
-    for trial in sorted((tmp_path / "s" / "fedavg-tiny" / "search").glob("federated_trial_*")):
-        rounds = max(trial.glob(f"checkpoint_*/{ROUNDS_FILE}"))
-        rows = read_rounds(rounds)[0]
-        assert [r["round"] for r in rows] == [1, 2, 3, 4]
-        exploited += [rounds] if rows[0]["trial"] != rows[-1]["trial"] else []
-    for i, path in enumerate(exploited):  # where Ray's timing gave an exploit, its trial replays exactly
-        out = tmp_path / f"replay{i}"
-        replay = CliRunner().invoke(app, ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential",
-                                          "--set", "dtype=float64", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(out)])  # fmt: skip
-        assert replay.exit_code == 0, replay.output
-        replayed, trained = pd.read_parquet(out / "metrics.parquet"), pd.read_parquet(path)
-        assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])
-    report = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--out", str(tmp_path / "r")])
-    assert report.exit_code == 0, report.output
-    best_md = (tmp_path / "r" / "best.md").read_text()
-    assert "## fedavg-tiny: the best trial's schedule" in best_md
-    assert "`tuner run fedavg --config schedule-fedavg-tiny.yaml --schedule schedule-fedavg-tiny.csv`" in best_md
-    schedule = pd.read_csv(tmp_path / "r" / "schedule-fedavg-tiny.csv")
-    assert list(schedule.columns) == ["round", "lr"] and list(schedule["round"]) == [1, 2, 3, 4]
-    assert (tmp_path / "r" / "schedule-fedavg-tiny.png").stat().st_size > 0
-
-
 @pytest.mark.parametrize("folder", ["schedulers-digits", "schedulers-fmnist"])
 def test_the_sweeps_page_quotes_the_committed_scheduler_comparison(folder):
     """docs/sweeps.md's tables and sentences are bench/schedulers.py's committed output, recomputed from its JSON."""
@@ -274,12 +234,15 @@ def json_file(path: Path) -> dict:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_pbt_sweep_stopped_by_sigterm_resumes_every_trial_to_its_last_round(tmp_path, spawn):
-    """SIGTERM once a checkpoint exists: the sweep stops with its state saved (130, the --resume hint); --resume
-    brings the scheduler back and every trial ends at its last round with one row a round in its rounds file."""
+def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an_exploited_trial_replays_exactly(tmp_path, spawn):
+    """PBT over 3 trials on Ray. SIGTERM once a checkpoint exists: the sweep stops with its state saved (130, the
+    --resume hint); --resume brings the scheduler back and every trial ends at its last round with one row a round
+    in its rounds file. Whether a trial exploits another here depends on when Ray Tune sees each report (seen both
+    ways: the test above exploits for certain); where one did, its file replays exactly (float64). The report writes
+    the best trial's schedule and its replay files."""
     root = Path(__file__).resolve().parents[1]
     space = tmp_path / "term.yaml"
-    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 6").replace("dtype: float64", "local_epochs: 4"))  # stopped after round 2
+    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 6").replace("dtype: float64", "dtype: float64, local_epochs: 4"))  # stopped after round 2
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = spawn(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -290,10 +253,28 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_every_trial_to_its_last_round(tm
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "--resume" in out and "Traceback" not in out, out
+    assert "pbt over lr every 2 rounds" in " ".join(out.split())
     res = subprocess.run([*cmd, "--resume"], cwd=root, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
-    trials = sorted(search.glob("federated_trial_*"))
+    trials, exploited = sorted(search.glob("federated_trial_*")), []
     assert len(trials) == 3
     for trial in trials:
-        rows = read_rounds(max(trial.glob(f"checkpoint_*/{ROUNDS_FILE}")))[0]
+        rounds = max(trial.glob(f"checkpoint_*/{ROUNDS_FILE}"))
+        rows = read_rounds(rounds)[0]
         assert [r["round"] for r in rows] == list(range(1, 7)), (trial.name, rows)
+        exploited += [rounds] if rows[0]["trial"] != rows[-1]["trial"] else []
+    for i, path in enumerate(exploited):  # where Ray's timing gave an exploit, its trial replays exactly
+        folder = tmp_path / f"replay{i}"
+        replay = CliRunner().invoke(app, ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential",
+                                          "--set", "dtype=float64", "--set", "local_epochs=4", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(folder)])  # fmt: skip
+        assert replay.exit_code == 0, replay.output
+        replayed, trained = pd.read_parquet(folder / "metrics.parquet"), pd.read_parquet(path)
+        assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-term"), "--out", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
+    best_md = (tmp_path / "r" / "best.md").read_text()
+    assert "## fedavg-term: the best trial's schedule" in best_md
+    assert "`tuner run fedavg --config schedule-fedavg-term.yaml --schedule schedule-fedavg-term.csv`" in best_md
+    schedule = pd.read_csv(tmp_path / "r" / "schedule-fedavg-term.csv")
+    assert list(schedule.columns) == ["round", "lr"] and list(schedule["round"]) == list(range(1, 7))
+    assert (tmp_path / "r" / "schedule-fedavg-term.png").stat().st_size > 0

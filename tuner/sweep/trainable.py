@@ -17,10 +17,8 @@ from typing import Any
 
 from ray import tune
 
-from tuner.config import auto_engine, trial_config, trial_settings
 from tuner.errors import DivergedError, OutOfMemory, UserError
 from tuner.files import write_atomic
-from tuner.schedule import ROUNDS_FILE, read_rounds, write_rounds
 from tuner.selection import selection
 
 CHECKPOINT_FILE = "simulation.pt"
@@ -31,10 +29,14 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
     read back instead of compiling again); a trial in a reused worker finds them in memory, so engine `auto`
     weighs compiling against the `worker_rounds` its worker runs, not the trial's own."""
+    # torch and the engine are imported by the trial, not when Tune starts the worker: a worker started for a trial
+    # that a reused one then took is stopped at once, where Tune would wait up to 5 s for its imports to end.
     import ray
     import torch
 
+    from tuner.config import auto_engine, trial_config, trial_settings
     from tuner.run import build_simulation
+    from tuner.schedule import ROUNDS_FILE, write_rounds
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
 
@@ -82,6 +84,8 @@ def restore(sim, checkpoint) -> list[dict]:
     before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1. Returns the
     schedule that brought the state there (a donor's, after an exploit)."""
     import torch
+
+    from tuner.schedule import ROUNDS_FILE, read_rounds
 
     latest = Path(checkpoint.path)
     older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)
