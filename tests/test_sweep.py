@@ -474,9 +474,11 @@ def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never
             time.sleep(0.2)
         space = tmp_path / "gone.yaml"
         space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5").replace("samples: 3", "samples: 2"))
-        # Ray joins a cluster at an explicit address with its token only when told (RAY_AUTH_MODE)
+        # Ray joins a cluster at an explicit address with its token only when told (RAY_AUTH_MODE); refused, it
+        # tries again for 20 s (RAY_gcs_server_port_wait_time_s, its own knob: one try here, the sentence is the same)
+        refused_env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"} | {"RAY_gcs_server_port_wait_time_s": "1"}
         res = subprocess.run(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, capture_output=True, text=True,
-                             env={k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}, timeout=120)  # fmt: skip
+                             env=refused_env, timeout=120)  # fmt: skip
         assert res.returncode == 2 and "set RAY_AUTH_MODE=token" in res.stderr.splitlines()[-1], res.stdout + res.stderr
         proc = spawn(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, env=env,
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
