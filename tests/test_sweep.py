@@ -617,3 +617,12 @@ def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
     assert worker_rounds({"cpu": 1, "gpu": 0.5}, 8, 10, None, {"CPU": 16, "GPU": 1}) == 40  # two trials a GPU
     assert auto_engine("cpu", 60, "mlp", "gpfl") == "eager" and auto_engine("cpu", 400, "mlp", "gpfl") == "compiled"
     assert auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4", "gpfl") == "compiled" and auto_engine("cpu", 60, "a_users_backbone", "gpfl") == "eager"
+
+
+def test_a_trial_worker_starts_without_importing_torch():
+    """Tune starts a worker for each pending trial, and one that a reused worker's trial overtakes is stopped at the
+    end of the stage, which Tune waits on (up to 5 s) while the worker still loads the trainable: its module leaves
+    torch and the engine to the trial."""
+    code = "import sys, tuner.sweep.trainable; print(sorted({'torch', 'tuner.config'} & set(sys.modules)))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
