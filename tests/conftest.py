@@ -25,7 +25,8 @@ def pytest_collection_modifyitems(items):
     """Tests that start Ray first, in their order otherwise. They are the longest (a minute or two each, on about
     one core: Ray's start, the trial workers' imports, the waits for a kill or a checkpoint), and `--dist
     loadgroup` hands tests to the xdist workers two or three at a time in this order: both workers begin on them,
-    and the short tests fill their waits and end the run together, where one started last kept a worker alone.
+    and the short tests fill their waits and end the run together (a long test started last would keep one
+    worker busy while the other had nothing left).
     Each starts Ray of its own (`address="local"`, ports the OS gives), so two run side by side."""
     items.sort(key=lambda item: not item.get_closest_marker("ray"))
 
