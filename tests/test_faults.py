@@ -253,17 +253,25 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
-    """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is)."""
+def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed_before_it_began_runs_again(tmp_path, spawn):
+    """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is). Then a
+    reused worker killed between two trials, which fails the next one in Tune's reset, unretried (the soak met it
+    about once in three runs): made by hand in the finished sweep's saved state, as Tune records it (the last trial in
+    ERROR, one failure, no result, only its error file). --resume runs it again from round 1, and so would the sweep
+    itself at the end of its stage."""
     import random
+    import shutil
+
+    from ray import cloudpickle
 
     samples, rounds = 6, 3
     space = tmp_path / "soak.yaml"
     space.write_text(f"settings: {{dataset: digits, partition: iid, clients: 4, rounds: {rounds}, checkpoint_every: 1, local_epochs: 5, executor: sequential}}\n"
                      f"search:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: {samples}\n")  # fmt: skip
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = (tmp_path / "sweep.log").open("w")  # not a pipe: nobody reads it while the sweep runs
-    proc = spawn(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     experiment, pick, killed = tmp_path / "fedavg-soak" / "search", random.Random(0), set()
     kills = Counter()  # per trial: each is killed at most as often as it is retried, so every trial must finish
     deadline = time.monotonic() + 170
@@ -288,12 +296,6 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
     trials = [d for d in experiment.glob("federated_trial_*")]
     params = [(d / "params.json").read_text() for d in trials]
     assert len(trials) == samples and len(set(params)) == samples  # every trial once, none run twice as another
-    report = tmp_path / "report"
-    res = invoke("report", tmp_path / "fedavg-soak", "--out", report)
-    assert res.exit_code == 0 and "skipped" not in res.output, res.output
-    runs = pd.read_parquet(report / "runs.parquet")
-    assert len(runs) == samples  # report reads them all
-    assert (runs["rounds_run"] == rounds).all() and (runs["failed"] == "").all(), runs[["run", "rounds_run", "failed"]]  # no trial lost
     for trial in trials:  # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
         rows = _rows(trial)
         pids = {r["pid"] for r in rows}
@@ -301,25 +303,6 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice(tmp_path, spawn):
         if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
             assert len(pids) >= 2 or rows[-1]["pid"] in killed
 
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_trial_failed_before_it_began_runs_again_from_round_1(tmp_path):
-    """A reused worker killed between two trials fails the next one in Tune's reset, unretried (the soak test above
-    met it about once in three runs). Made here by hand in a finished sweep's saved state, as Tune records it: the
-    second trial in ERROR, one failure, no result, only its error file. --resume runs it again, and so would the
-    sweep itself at the end of its stage."""
-    import shutil
-
-    from ray import cloudpickle
-
-    space = tmp_path / "lost.yaml"
-    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
-                     "search:\n  lr: {loguniform: [0.001, 0.2]}\nsamples: 2\n")  # fmt: skip
-    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    assert subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=300).returncode == 0
-    experiment = tmp_path / "fedavg-lost" / "search"
     state_file = max(experiment.glob("experiment_state-*.json"))
     state = json.loads(state_file.read_text())
     entry = max(state["trial_data"], key=lambda e: json.loads(e[0])["relative_logdir"])
@@ -335,10 +318,14 @@ def test_a_trial_failed_before_it_began_runs_again_from_round_1(tmp_path):
     (lost / "error.txt").write_text("Failure # 1 (occurred at 2026-11-25_12-00-00)\nray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n")
     res = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "1 trials lost their worker while not running" in res.stdout, res.stdout + res.stderr
-    assert [r["round"] for r in _rows(lost)] == [1, 2] and not (lost / "error.txt").exists()
-    report = invoke("report", tmp_path / "fedavg-lost", "--out", tmp_path / "report")
-    runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
-    assert report.exit_code == 0 and len(runs) == 2 and (runs["failed"] == "").all() and (runs["rounds_run"] == 2).all()
+    assert [r["round"] for r in _rows(lost)] == list(range(1, rounds + 1)) and not (lost / "error.txt").exists()
+
+    report = tmp_path / "report"
+    res = invoke("report", tmp_path / "fedavg-soak", "--out", report)
+    assert res.exit_code == 0 and "skipped" not in res.output, res.output
+    runs = pd.read_parquet(report / "runs.parquet")
+    assert len(runs) == samples  # report reads them all
+    assert (runs["rounds_run"] == rounds).all() and (runs["failed"] == "").all(), runs[["run", "rounds_run", "failed"]]  # no trial lost
 
 
 def test_a_folder_in_use_is_refused_naming_its_process_and_a_dead_ones_lock_is_taken_over(tmp_path):

@@ -263,57 +263,17 @@ def _sweep_cmd(space, storage, *extra):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_resume_after_sigkill_loses_no_trial_and_runs_none_twice(tmp_path, spawn):
-    space = tmp_path / "kill.yaml"
-    # Rounds of 8 local epochs (~1.5 s), a checkpoint each, and Tune's experiment snapshot every 0.5 s: trial
-    # folders reach the storage only with a snapshot (by default some seconds apart), so a trial is seen half-done
-    # for three rounds (~4.5 s); with 0.4 s rounds it could pass to the last unseen and the kill never came.
-    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1, local_epochs: 8"))  # 3 trials: done, half-done, not begun
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
-    proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    experiment = tmp_path / "fedavg-kill" / "search"
-    deadline = time.time() + 240
-    while time.time() < deadline:  # kill once one trial is done and the next has checkpointed mid-way
-        ts = trials_so_far(experiment)
-        finished = [t for t in ts if t["rows"] and t["rows"][-1]["round"] == 4]
-        midway = [t for t in ts if t["rows"] and t["rows"][-1]["round"] < 4 and list(t["dir"].glob("checkpoint_*"))]
-        if finished and midway:
-            break
-        if proc.poll() is not None:
-            pytest.fail("the sweep ended before it was seen with a finished and a half-done trial")
-        time.sleep(0.5)
-    else:
-        pytest.fail("the sweep never reached a finished and a half-done trial")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)}  # the kill may have cut a file mid-write
-    done_before = [name for name, rounds in before.items() if rounds[-1] == 4]
-    res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
-    after = trials(experiment)
-    assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
-    for t in after:
-        rounds = [r["round"] for r in t["rows"]]
-        assert rounds[-1] == 4 and set(rounds) == set(range(1, 5))
-        if t["dir"].name in done_before:  # a finished trial is not run again
-            assert rounds == before[t["dir"].name]
-    resumed = [t for t in after if t["dir"].name in before and t["dir"].name not in done_before]
-    for t in resumed:  # an interrupted trial continues from its checkpoint instead of round 1
-        rounds = [r["round"] for r in t["rows"]]
-        assert rounds.count(1) == 1
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_130_and_starts_no_trial(tmp_path, spawn):
+def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing_no_trial_and_running_none_twice(tmp_path, spawn):
     """Ctrl-C as a terminal sends it, to the whole process group (Ray's processes too, had they not blocked it): once
     while Ray starts (the sweep's folder exists, no trial yet), once as the second of three trials starts (one at a
-    time); either way exit 130 with one line, no traceback, no crash, no trial started after it, and a stopped search
-    resumes to the end."""
+    time); either way exit 130 with one line, no traceback, no crash, no trial started after it. The resumed sweep is
+    then killed (SIGKILL, the whole group) once a trial has checkpointed mid-way, and a last --resume ends every
+    trial: the finished one not run again, the interrupted ones from their checkpoints, not from round 1."""
     space = tmp_path / "ctrl.yaml"
     space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}  # trial folders seen within 0.5 s
+    # Tune's experiment snapshot every 0.5 s: trial folders reach the storage only with a snapshot (by default some
+    # seconds apart), and a trial of 30 rounds (~6 s) is seen half-done within its first second or two
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
     experiment = tmp_path / "fedavg-ctrl" / "search"
     for ready in (lambda: (tmp_path / "fedavg-ctrl").exists(), lambda: len(trials_so_far(experiment)) >= 2):
         resume = ["--resume"] if experiment.exists() else []
@@ -332,9 +292,32 @@ def test_ctrl_c_from_a_terminal_while_ray_starts_or_trials_run_is_one_line_and_1
     last_rounds = [t["rows"][-1]["round"] if t["rows"] else 0 for t in trials(experiment)]  # in the order they started
     assert len(last_rounds) == 2 and last_rounds[0] == 30 and last_rounds[1] < 30, (last_rounds, out)
     assert "Stopped with 2 trials unfinished" in " ".join(out.split()) and "--resume" in out, out
+
+    stopped = {t["dir"].name: len(t["rows"]) for t in trials(experiment)}
+    proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while True:  # killed once a trial has gone on in this sweep and checkpointed, short of its last round
+        midway = [t for t in trials_so_far(experiment)
+                  if len(t["rows"]) > stopped.get(t["dir"].name, 0) and t["rows"][-1]["round"] < 30 and list(t["dir"].glob("checkpoint_*"))]  # fmt: skip
+        if midway:
+            break
+        assert proc.poll() is None and time.time() < deadline, "the resumed sweep was never seen with a trial checkpointed mid-way"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)}  # the kill may have cut a file mid-write
     res = subprocess.run(_sweep_cmd(space, tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [30, 30, 30]
+    assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
+    after = trials(experiment)
+    assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
+    for t in after:
+        rounds = [r["round"] for r in t["rows"]]
+        assert rounds[-1] == 30 and set(rounds) == set(range(1, 31)), rounds
+        if before.get(t["dir"].name, [0])[-1] == 30:  # a finished trial is not run again
+            assert rounds == before[t["dir"].name]
+        if t["dir"].name in {m["dir"].name for m in midway}:  # the killed one goes on from its checkpoint, not from round 1
+            assert rounds.count(1) == before[t["dir"].name].count(1), rounds
 
 
 def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
