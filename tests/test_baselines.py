@@ -594,6 +594,7 @@ def same_method(a, b):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("reference_runs")  # where test_engine.py made every method's run: ~50 s of runs, not again
 def test_no_method_silently_equals_another():
     # FedFomo once weighed its candidates on its own trained model and data: every weight was 0 and
     # it ran as Local-only under its own name, with every mechanism test passing.

@@ -35,6 +35,7 @@ def digits(method, **kw):
 # mismatch (a wrong tensor or a missed step: 1e-2 and more).
 
 
+@pytest.mark.xdist_group("reference_runs")  # on one xdist worker: each method's sequential run made once (simulations.reference_run)
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
     seq = reference_run(method)

@@ -71,9 +71,11 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
 
 @pytest.fixture(scope="module")
 def ray_local():
+    """Ray for this module's sweeps, one trial at a time: a stage's trials share one worker (reuse_actors), which
+    starts and imports torch once (~5 s of CPU a worker), while the suite's other xdist worker keeps the second core."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -154,7 +154,7 @@ def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fe
           mu: {loguniform: [0.01, 1.0]}
         samples: 2
     """))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)  # trials in turn, on one worker
     try:
         res = invoke("sweep", "./fednew.py:FedNew", "--space", space, "--storage", tmp_path / "sweeps")
     finally:
