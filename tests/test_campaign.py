@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +173,30 @@ def test_the_pages_quote_the_h100_speed_stage_as_committed():
         assert phrase in performance, phrase
     assert (f"On an H100 FedPAC's Table 1 round ran in {fedpac['compiled s/round']:.3f} s compiled against {fedpac['eager s/round']:.3f} eager, "
             f"and FedCP's whole round with evaluation in {fedcp['compiled whole round s']:.2f} s against {fedcp['eager s/round']:.2f} eager") in flat("README.md")  # fmt: skip
+
+
+def test_the_performance_page_quotes_the_h200_compile_diagnostics_as_committed():
+    """FedAvg's second trial compiled its default-configuration shapes again (dynamo's backend guard), and pFedMe's
+    compile fails in Triton: what docs/performance.md says of them, from the committed logs and figures."""
+    folder = ROOT / "results/gpu/h200-9f08411"
+    fedavg = json.loads((folder / "fedavg-speed.json").read_text())
+    figures = fedavg["figures"]["fedavg"]
+    assert (fedavg["commit"], fedavg["machine"], fedavg["torch"]) == ("9f08411", "NVIDIA H200, 16 CPU cores", "2.11.0+cu130")
+    assert figures["recompiles"] == 0 and figures["compile retries"] == 1 and figures["second trial programs"] == 2
+    log = (folder / "fedavg-speed.log").read_text()
+    # each recompile of tuner/steps.py's step (frame 0), once, with the size that caused it
+    sizes = list(dict(re.findall(r"\[0/(\d+)\] \[__recompiles\] +- 0/\d+: tensor 'x' size mismatch at index 0\. expected \d+, actual (\d+)", log)).values())
+    assert sizes == ["16", "8", "8", "4", "2", "1", "20", "16"]  # 8 once a configuration; then the second trial's 20 and 16
+    assert log.count("BACKEND_MATCH failure") == 2
+    pfedme = (folder / "pfedme.log").read_text()
+    assert "NameError('in_ptr8 is not defined')" in pfedme and "in_ptr7, in_ptr9," in pfedme
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    for phrase in [
+        "FedAvg's timed rounds compiled nothing (its padded sizes 20 and 16 under the default configuration, 8 failed, and 8, 4, 2, 1 under the second)",
+        f"But a second trial in the same process compiled 20 and 16 again ({figures['second trial programs']} programs)",
+        "`NameError('in_ptr8 is not defined')`",
+    ]:  # fmt: skip
+        assert phrase in performance, phrase
 
 
 def test_the_pages_quote_the_h200_check_as_committed():

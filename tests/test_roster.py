@@ -822,6 +822,33 @@ def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
     assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in section
 
 
+def test_fedbns_resnet18_row_is_its_committed_runs_beside_fedavg_and_local_only_on_that_backbone():
+    """FedBN's row, on ResNet-18 (cnn4 has no batch norm): the methods page's table, its sentences and README's line,
+    each figure from the three runs that shared one H200."""
+    section, rows = methods_page_table("FedBN on ResNet-18")
+    section = " ".join(section.split())
+    runs = ROOT / "results" / "roster-fmnist-resnet18"
+    by_title = {cls.title: name for name, cls in METHODS.items()}
+    acc, times = {}, []
+    for title, *cells, device in rows:
+        name = by_title[title]
+        run = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")
+        config = yaml.safe_load((runs / name / "config.yaml").read_text())
+        assert (config["method"], config["partition"], config["clients"], config["backbone"], config["seed"]) == (name, "dir:0.1", 20, "resnet18", 0)
+        assert config["device"].split(":")[0] == device == "cuda" and run.index.max() == 12 and set(run["engine"]) == {"eager"}
+        acc[name] = run["acc"] * 100
+        times.append(run["time_s"].median())
+        assert [float(c) for c in cells] == [round(acc[name][r], 2) for r in (1, 5, 10, 12)] + [round(acc[name].max(), 2)], name
+    assert [by_title[r[0]] for r in rows] == ["local", "fedavg", "fedbn"]
+    fedbn, fedavg = acc["fedbn"], acc["fedavg"]
+    early = pd.concat([fedbn, fedavg]).loc[[1, 2, 3, 4]]
+    assert f"between {early.min():.2f} and {early.max():.2f}" in section and f"at {acc['local'][1]:.2f} after round 1" in section
+    assert f"leads FedAvg in {(fedbn > fedavg).sum()} of the 12 rounds and by {fedbn[12] - fedavg[12]:.2f} points at round 12" in section
+    assert f"a median of {min(times):.1f} to {max(times):.1f} s a round" in section
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"FedBN {fedbn[12]:.2f}, FedAvg {fedavg[12]:.2f}, Local-only {acc['local'][12]:.2f} at round 12" in readme
+
+
 def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
     """The thirteen runs that shared one H100 with a FedAvg run: each run's median round and the slowest run's whole
     time bound what the pages say of them (no figure of the GPU's use was kept, so none is written)."""

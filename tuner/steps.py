@@ -30,6 +30,11 @@ INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
 # default failed, for the process: a sweep's next trial in the same worker compiles under it at once rather than
 # failing again (seconds a trial).
 NEEDED: dict[tuple[str, str], int] = {}
+# The configuration each shape of a name's programs compiled under, where a later shape's retry may leave it: a
+# retry keeps those programs, for the run and for the process's later runs (dynamo keeps a program for its own
+# configuration only: called under the retry's, the shape compiles again, 2 programs and 22 s for FedAvg's second
+# trial on an H200, results/gpu/README.md).
+SHAPES_NEEDED: dict[tuple[str, str, tuple], int] = {}
 
 
 @dataclass
@@ -80,22 +85,20 @@ class Program:
     """`fn` compiled with fixed shapes (a new shape is a new program of the same wrapper), on CUDA with CUDA graphs,
     under the run's Inductor configuration (`ran.config`). A compile that fails is tried again under the next
     configuration, which the run keeps for its later programs, and the process's later runs for theirs (`NEEDED`);
-    the shapes it had compiled before keep their programs. After the last configuration, the error is raised to
-    the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran or refused."""
+    the shapes it had compiled before keep their programs (`SHAPES_NEEDED`). After the last configuration, the error
+    is raised to the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran
+    or refused."""
 
     def __init__(self, fn: Callable, device: torch.device, ran: Ran, name: str):
         self.fn, self.device, self.ran, self.name = fn, device, ran, name
         self.compiled: dict[int, Callable] = {}  # fn compiled under each Inductor configuration it has run under
-        # The shapes whose programs compiled under a configuration the run may yet leave: after a later shape's
-        # retry they keep running those programs (compiling them again costs a GPU run seconds a program).
-        self.shapes_config: dict[tuple, int] = {}
         self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
         ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
 
     def __call__(self, *args):
         config = self.ran.config
-        if self.shapes_config and min(self.shapes_config.values()) < config:
-            config = self.shapes_config.get(call_shapes(args), config)
+        if config:  # after a retry (this run's or the process's), a shape compiled before it keeps its program
+            config = SHAPES_NEEDED.get((self.name, self.device.type, call_shapes(args)), config)
         while True:
             if config not in self.compiled:
                 self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
@@ -116,7 +119,7 @@ class Program:
                 NEEDED[self.name, self.device.type] = config
             compiled = counters["stats"]["unique_graphs"] - programs
             if compiled and config + 1 < len(INDUCTOR_CONFIGS):
-                self.shapes_config[call_shapes(args)] = config
+                SHAPES_NEEDED[self.name, self.device.type, call_shapes(args)] = config
             self.ran.programs += compiled
             if counters["inductor"]["cudagraph_skips"] > skips:
                 self.graphed = False
