@@ -206,7 +206,7 @@ def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch):
     cfg = dict(partition="dir:0.3", clients=4, join_ratio="1", val_frac=0.0)  # uneven clients: the cohort's rows shrink within a round
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
     assert sim.executor.ran.retries == 1
-    assert 0 in tuner.steps.SHAPES_NEEDED.values()  # the first shape compiled under the default, before the retry
+    assert 0 in tuner.steps.SHAPES_NEEDED["FedAvg's steps", "cpu"].values()  # the first shape compiled under the default, before the retry
     programs = sim.executor.ran.programs
     rows.append(sim.step())
     assert sim.executor.ran.programs == programs  # none again

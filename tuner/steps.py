@@ -34,7 +34,7 @@ NEEDED: dict[tuple[str, str], int] = {}
 # retry keeps those programs, for the run and for the process's later runs (dynamo keeps a program for its own
 # configuration only: called under the retry's, the shape compiles again, 2 programs and 22 s for FedAvg's second
 # trial on an H200, results/gpu/README.md).
-SHAPES_NEEDED: dict[tuple[str, str, tuple], int] = {}
+SHAPES_NEEDED: dict[tuple[str, str], dict[tuple, int]] = {}
 
 
 @dataclass
@@ -97,8 +97,9 @@ class Program:
 
     def __call__(self, *args):
         config = self.ran.config
-        if config:  # after a retry (this run's or the process's), a shape compiled before it keeps its program
-            config = SHAPES_NEEDED.get((self.name, self.device.type, call_shapes(args)), config)
+        kept = SHAPES_NEEDED.get((self.name, self.device.type))
+        if kept and min(kept.values()) < config:  # after a retry (this run's or the process's): shapes compiled before it
+            config = kept.get(call_shapes(args), config)
         while True:
             if config not in self.compiled:
                 self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
@@ -119,7 +120,7 @@ class Program:
                 NEEDED[self.name, self.device.type] = config
             compiled = counters["stats"]["unique_graphs"] - programs
             if compiled and config + 1 < len(INDUCTOR_CONFIGS):
-                SHAPES_NEEDED[self.name, self.device.type, call_shapes(args)] = config
+                SHAPES_NEEDED.setdefault((self.name, self.device.type), {})[call_shapes(args)] = config
             self.ran.programs += compiled
             if counters["inductor"]["cudagraph_skips"] > skips:
                 self.graphed = False
