@@ -109,7 +109,8 @@ def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path, spawn):
     import time
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=1"]
+    # eager: 100000 rounds would have `auto` compile first (the Ctrl-C test below stops a run that compiles)
+    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=1", "--set", "engine=eager"]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not out.joinpath("metrics.parquet").exists():  # the event, not a time: a round is done and written
