@@ -299,7 +299,8 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     for trial in trials:  # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
         rows = _rows(trial)
         pids = {r["pid"] for r in rows}
-        assert sorted(r["round"] for r in rows) == list(range(1, rounds + 1))  # every round once: none ran twice
+        reported = [r["round"] for r in rows]  # Tune may lose a row in a restart (the report takes it from the checkpoint)
+        assert len(reported) == len(set(reported)) and reported[-1] == rounds  # none ran twice
         if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
             assert len(pids) >= 2 or rows[-1]["pid"] in killed
 
@@ -326,6 +327,8 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     runs = pd.read_parquet(report / "runs.parquet")
     assert len(runs) == samples  # report reads them all
     assert (runs["rounds_run"] == rounds).all() and (runs["failed"] == "").all(), runs[["run", "rounds_run", "failed"]]  # no trial lost
+    per_round = pd.read_parquet(report / "rounds.parquet").groupby("run")["round"].apply(list)
+    assert all(r == list(range(1, rounds + 1)) for r in per_round), per_round  # every round of every trial once
 
 
 def test_a_folder_in_use_is_refused_naming_its_process_and_a_dead_ones_lock_is_taken_over(tmp_path):

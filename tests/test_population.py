@@ -242,7 +242,7 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
     the best trial's schedule and its replay files."""
     root = Path(__file__).resolve().parents[1]
     space = tmp_path / "term.yaml"
-    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 6").replace("dtype: float64", "dtype: float64, local_epochs: 4"))  # stopped after round 2
+    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 6").replace("dtype: float64", "dtype: float64, local_epochs: 4, batch_size: 40"))  # stopped after round 2
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = spawn(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -266,7 +266,7 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
     for i, path in enumerate(exploited):  # where Ray's timing gave an exploit, its trial replays exactly
         folder = tmp_path / f"replay{i}"
         replay = CliRunner().invoke(app, ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential",
-                                          "--set", "dtype=float64", "--set", "local_epochs=4", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(folder)])  # fmt: skip
+                                          "--set", "dtype=float64", "--set", "local_epochs=4", "--set", "batch_size=40", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(folder)])  # fmt: skip
         assert replay.exit_code == 0, replay.output
         replayed, trained = pd.read_parquet(folder / "metrics.parquet"), pd.read_parquet(path)
         assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])

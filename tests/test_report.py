@@ -124,6 +124,25 @@ def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp
     assert gpfl["ours_mean"].item() == pytest.approx(89.0)  # the lam=0.01 trial beats lam=1 and lam=0.1
 
 
+def test_a_round_lost_from_result_json_comes_back_from_the_trials_checkpoint(tmp_path):
+    """Ray Tune restarting a trial whose worker was killed copies the storage's result.json, a snapshot behind,
+    over its own: the soak test saw a trial's file hold rounds 1 and 3. Its checkpoint's rounds file holds round 2."""
+    from tuner.schedule import ROUNDS_FILE, write_rounds
+
+    experiment = tmp_path / "sweep" / "search"
+    reported = rows([0.5, 0.6, 0.7])
+    write_experiment(experiment, "search", {"method": "fedavg", **PAT}, [({"lr": 0.05}, [reported[0], reported[2]])])
+    checkpoint = experiment / "federated_trial_0" / "checkpoint_000001"
+    checkpoint.mkdir()
+    write_rounds(checkpoint / ROUNDS_FILE, reported[:2], [{"round": r, "trial": "federated_trial_0", "lr": 0.05} for r in (1, 2)], ["lr"])
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    per_round = pd.read_parquet(tmp_path / "r" / "rounds.parquet")
+    assert list(per_round["round"]) == [1, 2, 3] and list(per_round["acc"]) == [0.5, 0.6, 0.7]
+    assert "trial" not in per_round  # who ran a round is a population's schedule, not a column of every sweep
+    assert pd.read_parquet(tmp_path / "r" / "runs.parquet")["time_s"].item() == 6.0  # the lost round's time counted
+
+
 def test_validation_selection_reports_test_accuracy_at_the_best_validation_round(tmp_path):
     write_run(tmp_path / "runs" / "a", "fedper", [0.90, 0.95, 0.94], val=[0.9, 0.8, 0.99], val_frac=0.1)
     res = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--select", "val"])

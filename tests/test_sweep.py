@@ -23,7 +23,7 @@ from tuner.sweep.stopping import Patience, RoundBudget, asha
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
-settings: {dataset: digits, partition: iid, clients: 4, rounds: 3, checkpoint_every: 2, executor: sequential}
+settings: {dataset: digits, partition: iid, clients: 4, rounds: 3, checkpoint_every: 2, executor: sequential, batch_size: 40}
 search:
   lr: {loguniform: [0.001, 0.2]}
 samples: 3
@@ -272,9 +272,9 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     then killed (SIGKILL, the whole group) once a trial has checkpointed mid-way, and a last --resume ends every
     trial: the finished one not run again, the interrupted ones from their checkpoints, not from round 1."""
     space = tmp_path / "ctrl.yaml"
-    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5"))
+    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 60, checkpoint_every: 5"))
     # Tune's experiment snapshot every 0.5 s: trial folders reach the storage only with a snapshot (by default some
-    # seconds apart), and a trial of 30 rounds (~6 s) is seen half-done within its first second or two
+    # seconds apart), and a trial of 60 rounds (~5 s) is seen within its first second, a few rounds in
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
     experiment = tmp_path / "fedavg-ctrl" / "search"
     for ready in (lambda: (tmp_path / "fedavg-ctrl").exists(), lambda: len(trials_so_far(experiment)) >= 2):
@@ -288,11 +288,11 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130 and "Traceback" not in out and "Stopped" in out, out
-    # the first trial finished, the second begun (30 rounds, ~6 s: it did not end before the Ctrl-C), no third;
+    # the first trial finished, the second begun (60 rounds, ~5 s: it did not end before the Ctrl-C), no third;
     # the state saved, and the line says what is left and how to go on (SIGTERM, a scheduler's stop, is made a
     # Ctrl-C: tests/test_population.py stops a PBT sweep with it)
     last_rounds = [t["rows"][-1]["round"] if t["rows"] else 0 for t in trials(experiment)]  # in the order they started
-    assert len(last_rounds) == 2 and last_rounds[0] == 30 and last_rounds[1] < 30, (last_rounds, out)
+    assert len(last_rounds) == 2 and last_rounds[0] == 60 and last_rounds[1] < 60, (last_rounds, out)
     assert "Stopped with 2 trials unfinished" in " ".join(out.split()) and "--resume" in out, out
 
     stopped = {t["dir"].name: len(t["rows"]) for t in trials(experiment)}
@@ -300,7 +300,7 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     deadline = time.time() + 240
     while True:  # killed once a trial has gone on in this sweep and checkpointed, short of its last round
         midway = [t for t in trials_so_far(experiment)
-                  if len(t["rows"]) > stopped.get(t["dir"].name, 0) and t["rows"][-1]["round"] < 30 and list(t["dir"].glob("checkpoint_*"))]  # fmt: skip
+                  if len(t["rows"]) > stopped.get(t["dir"].name, 0) and t["rows"][-1]["round"] < 60 and list(t["dir"].glob("checkpoint_*"))]  # fmt: skip
         if midway:
             break
         assert proc.poll() is None and time.time() < deadline, "the resumed sweep was never seen with a trial checkpointed mid-way"
@@ -315,8 +315,8 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
     for t in after:
         rounds = [r["round"] for r in t["rows"]]
-        assert rounds[-1] == 30 and set(rounds) == set(range(1, 31)), rounds
-        if before.get(t["dir"].name, [0])[-1] == 30:  # a finished trial is not run again
+        assert rounds[-1] == 60 and set(rounds) == set(range(1, 61)), rounds
+        if before.get(t["dir"].name, [0])[-1] == 60:  # a finished trial is not run again
             assert rounds == before[t["dir"].name]
         seen = next((m["rows"] for m in midway if m["dir"] == t["dir"]), None)  # whole when seen, as a kill may not leave it
         if seen:  # the killed one goes on from its checkpoint, not from round 1

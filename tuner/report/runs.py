@@ -97,6 +97,8 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
     rows, schedule = trial_rows(params.parent / "result.json"), None
     if info.get("scheduler") in POPULATION:
         rows, schedule = lineage_rows(params.parent, rows)
+    else:
+        rows = with_checkpointed_rounds(params.parent, rows)
     sampled = json.loads(params.read_text())
     config = trial_config(info["settings"], sampled)
     finished = not rows.empty and rows["round"].max() >= config.rounds
@@ -119,6 +121,24 @@ def lineage_rows(trial_dir: Path, reported: pd.DataFrame) -> tuple[pd.DataFrame,
     lineage = pd.read_parquet(latest)
     after = reported[reported["round"] > lineage["round"].max()] if not reported.empty else reported
     return pd.concat([lineage, after], ignore_index=True), pd.DataFrame(schedule)[["round", "trial", *settings]]
+
+
+def with_checkpointed_rounds(trial_dir: Path, reported: pd.DataFrame) -> pd.DataFrame:
+    """A trial's reported rows, and any round its result.json lost taken from its latest checkpoint's rounds file
+    (every round its state went through). Ray Tune writes result.json in a staging folder and copies it to the
+    storage with each experiment snapshot; restarting a trial whose worker died, it copies the storage's file back
+    over the staging one (`_restore_from_remote`, ray/tune/logger/logger.py), and the rows reported since the last
+    snapshot are gone from it, although the checkpoint the trial restarts from holds their rounds. Seen in the soak
+    test: a trial's result.json held rounds 1 and 3, its progress.csv and its checkpoints rounds 1 to 3."""
+    latest = max(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}"), default=None)
+    if latest is None:
+        return reported
+    _, settings = read_rounds(latest)
+    kept = pd.read_parquet(latest).drop(columns=["trial", *settings])  # who ran each round: a population's schedule
+    lost = kept[~kept["round"].isin(reported["round"])] if not reported.empty else kept
+    if lost.empty:
+        return reported
+    return pd.concat([reported, lost], ignore_index=True).sort_values("round").reset_index(drop=True)
 
 
 def tune_failure(error_txt: Path) -> str:
