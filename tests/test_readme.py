@@ -84,6 +84,15 @@ def test_the_readmes_test_counts_are_the_suites(request):
     assert f"on a fresh clone, {whole} tests in" in readme, f"README: the whole suite has {whole} tests"
 
 
+def test_the_readmes_suite_time_holds_the_newest_fresh_clone_timing():
+    """README's "N tests in A to B minutes" brackets the newest row of docs/performance.md's Timings (its figure)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    low, high = map(int, re.search(r"on a fresh clone, \d+ tests in (\d+) to (\d+) minutes", readme).groups())
+    timings = (ROOT / "docs" / "performance.md").read_text().split("## Timings", 1)[1]
+    minutes, seconds = map(int, re.search(r"\| \d+ tests in (\d+) min (\d+) s", timings).groups())  # the newest row is first
+    assert low * 60 <= minutes * 60 + seconds < (high + 1) * 60, (low, high, minutes, seconds)
+
+
 def test_every_section_the_code_points_to_exists():
     """`docs/X.md, "Section"` in a docstring or comment names a heading of that page (a user follows it)."""
     pointers = [(path, doc, section) for folder in ("tuner", "algorithms", "examples", "bench") for path in (ROOT / folder).rglob("*.py")
