@@ -114,7 +114,7 @@ def lineage_rows(trial_dir: Path, reported: pd.DataFrame) -> tuple[pd.DataFrame,
     """A population-based trial's rows: those its state went through (its latest checkpoint's rounds file: a
     donor's rounds, then its own), then any it reported after that checkpoint; and its schedule (round, trial,
     settings). Its result.json alone mixes the rounds of the states it held before and after an exploit."""
-    latest = max(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}"), default=None)
+    latest = latest_rounds_file(trial_dir)
     if latest is None:
         return reported, None
     schedule, settings = read_rounds(latest)
@@ -130,7 +130,7 @@ def with_checkpointed_rounds(trial_dir: Path, reported: pd.DataFrame) -> pd.Data
     over the staging one (`_restore_from_remote`, ray/tune/logger/logger.py), and the rows reported since the last
     snapshot are gone from it, although the checkpoint the trial restarts from holds their rounds. Seen in the soak
     test: a trial's result.json held rounds 1 and 3, its progress.csv and its checkpoints rounds 1 to 3."""
-    latest = max(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}"), default=None)
+    latest = latest_rounds_file(trial_dir)
     if latest is None:
         return reported
     _, settings = read_rounds(latest)
@@ -139,6 +139,11 @@ def with_checkpointed_rounds(trial_dir: Path, reported: pd.DataFrame) -> pd.Data
     if lost.empty:
         return reported
     return pd.concat([reported, lost], ignore_index=True).sort_values("round").reset_index(drop=True)
+
+
+def latest_rounds_file(trial_dir: Path) -> Path | None:
+    """The rounds file of a trial's latest checkpoint (Tune numbers them in order), None before its first."""
+    return max(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}"), default=None)
 
 
 def tune_failure(error_txt: Path) -> str:
