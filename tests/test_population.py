@@ -168,7 +168,7 @@ def run_trial(monkeypatch, tmp_path, name: str, config: dict, base: dict, donor:
             kept.append(tmp_path / name / f"checkpoint_{len(kept):06d}")
             shutil.copytree(checkpoint.path, kept[-1])
 
-    context = types.SimpleNamespace(get_trial_name=lambda: name, get_node_id=lambda: "node", get_assigned_resources=lambda: {"CPU": 1})
+    context = types.SimpleNamespace(get_trial_name=lambda: name, get_trial_dir=lambda: str(tmp_path / name), get_node_id=lambda: "node", get_assigned_resources=lambda: {"CPU": 1})
     monkeypatch.setattr(tune, "report", report)
     monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(donor)) if donor else None)
     monkeypatch.setattr(tune, "get_context", lambda: context)
@@ -201,6 +201,22 @@ def test_an_exploited_trial_writes_its_donors_rounds_then_its_own_and_its_rounds
     replay = run(cfg, tmp_path / "replay", schedule=load_schedule(recipient[-1] / ROUNDS_FILE, cfg))  # the file sets lr
     assert [r["acc"] for r in replay.history] == list(trained["acc"])
     assert max(abs(r["train_loss"] - t) for r, t in zip(replay.history, trained["train_loss"])) < 1e-9
+
+
+@pytest.mark.slow
+def test_a_trial_handed_a_donors_last_round_ends_with_it_recorded_as_its_own(tmp_path, monkeypatch):
+    """PBT may exploit a donor that has just run its last round (Ray Tune counts it finished only later): the
+    recipient then has no round left to run, and still ends with one checkpoint of that state in its own folder (the
+    donor's rows, its figures reported). A trial resumed from its own last checkpoint (killed after it, before Tune
+    saw it end) reports nothing again: that round is in its rows already."""
+    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "rounds": 2, "executor": "sequential",
+            "checkpoint_every": 2}  # fmt: skip
+    donor = run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base)
+    recipient = run_trial(monkeypatch, tmp_path, "recipient", {"lr": 0.02}, base, donor=donor[-1])
+    assert len(recipient) == 1 and recipient[0].parent.name == "recipient"
+    assert [(r["round"], r["trial"]) for r in read_rounds(recipient[0] / ROUNDS_FILE)[0]] == [(1, "donor"), (2, "donor")]
+    assert pd.read_parquet(recipient[0] / ROUNDS_FILE).equals(pd.read_parquet(donor[-1] / ROUNDS_FILE))
+    assert run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base, donor=donor[-1]) == []
 
 
 TINY_PBT = """

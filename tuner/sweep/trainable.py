@@ -4,7 +4,8 @@ trial's (population-based training's exploit: this trial's settings over the don
 
 Beside each checkpoint, `rounds.parquet` holds every round its state went through: the round's figures, the
 trial that ran it and the values of the trial's searched settings then (its schedule, tuner/schedule.py; a
-donor's rounds come with its state)."""
+donor's rounds come with its state). A trial handed a donor's state from the donor's last round has no round left
+to run and reports that state as its own, so its folder ends with it."""
 
 from __future__ import annotations
 
@@ -54,22 +55,30 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         if settings.get("engine", "auto") == "auto":
             cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone, cfg.method))
         sim = build_simulation(cfg)
+
+        def report(checkpointed: bool) -> None:
+            """The state's last round, with the selection rule's figures (and the whole state where checkpointed)."""
+            metrics = {**placement, **sim.history[-1], **selection(sim.history, select)}
+            if not checkpointed:
+                tune.report(metrics)
+                return
+            with tempfile.TemporaryDirectory() as d:
+                write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
+                write_rounds(Path(d) / ROUNDS_FILE, sim.history, schedule, list(searched))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
         checkpoint = tune.get_checkpoint()
         schedule = restore(sim, checkpoint) if checkpoint else []
+        if checkpoint and sim.round >= cfg.rounds and Path(checkpoint.path).parent.name != Path(tune.get_context().get_trial_dir()).name:
+            # PBT may hand over a donor's state from its last round (the donor not yet seen finished): this trial
+            # ends with that state, recorded as its own (its own state at its last round was recorded when run)
+            report(checkpointed=True)
         while sim.round < cfg.rounds:
-            row = sim.step()
+            sim.step()
             schedule.append({"round": sim.round, "trial": trial, **searched})
             checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
-            if not (checkpoint_due or sim.round % report_every == 0):
-                continue
-            metrics = {**placement, **row, **selection(sim.history, select)}
-            if checkpoint_due:
-                with tempfile.TemporaryDirectory() as d:
-                    write_atomic(Path(d) / CHECKPOINT_FILE, lambda p: torch.save(sim.state_dict(), p))
-                    write_rounds(Path(d) / ROUNDS_FILE, sim.history, schedule, list(searched))
-                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
-            else:
-                tune.report(metrics)
+            if checkpoint_due or sim.round % report_every == 0:
+                report(checkpointed=checkpoint_due)
     except UserError as e:  # recorded as the trial's failure, with its kind; the sweep goes on
         # Out of memory may be a neighbour's on a shared GPU, so it is retried; a divergence recurs from any
         # checkpoint (the run is seeded and resumes exactly), and a setting the run refuses is refused again.
