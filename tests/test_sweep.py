@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.selection import score, selection
 from tuner.selection import trial_score
+from tuner.sweep.cluster import OWN_RAY_CONFIG
 from tuner.sweep.stopping import Patience, RoundBudget, asha
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +73,11 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
 @pytest.fixture(scope="module")
 def ray_local():
     """Ray for this module's sweeps, one trial at a time: a stage's trials share one worker (reuse_actors), which
-    starts and imports torch once (~5 s of CPU a worker), while the suite's other xdist worker keeps the second core."""
+    starts and imports torch once (~5 s of CPU a worker), while the suite's other xdist worker keeps the second core.
+    Configured as a sweep starts its own (tuner/sweep/cluster.py)."""
     import ray
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _system_config=OWN_RAY_CONFIG)
     yield
     ray.shutdown()
 
@@ -432,6 +434,27 @@ def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     space.write_text(TINY)
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"])
     assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("address, system_config", [(None, OWN_RAY_CONFIG), ("ray://head:10001", None)])
+def test_the_ray_a_sweep_starts_prestarts_no_workers_and_a_joined_cluster_keeps_its_own_settings(monkeypatch, address, system_config):
+    import ray
+
+    from tuner.errors import UserError
+    from tuner.sweep.cluster import Resources, start_ray
+
+    asked = {}
+
+    def init(**kwargs):
+        asked.update(kwargs)
+        raise ConnectionError("stopped here: what start_ray asked of Ray is all this test needs")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever this xdist worker started before
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(UserError, match="stopped here"):
+        start_ray(Resources(address=address))
+    assert asked["_system_config"] == system_config
 
 
 @pytest.mark.ray

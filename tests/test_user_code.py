@@ -144,6 +144,8 @@ def test_an_installed_packages_method_is_listed_and_runs_by_name(tmp_path, monke
 def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fednew, monkeypatch):
     import ray
 
+    from tuner.sweep.cluster import OWN_RAY_CONFIG
+
     monkeypatch.chdir(Path(fednew.rpartition(":")[0]).parent)  # relative paths, in the space file too, are from here
     space = Path("fednew.yaml")
     Path("model.py").write_text("from tuner.models import mlp\n\ndef build(shape, classes):\n    return mlp(shape, classes)\n")
@@ -154,7 +156,7 @@ def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fe
           mu: {loguniform: [0.01, 1.0]}
         samples: 2
     """))
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)  # trials in turn, on one worker
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _system_config=OWN_RAY_CONFIG)  # trials in turn, on one worker
     try:
         res = invoke("sweep", "./fednew.py:FedNew", "--space", space, "--storage", tmp_path / "sweeps")
     finally:
