@@ -30,10 +30,25 @@ def speed(campaign, deadline: float) -> dict:
             figures["not compiled"] = str(e)
         except Exception as e:  # the figures measured before it are kept
             figures["error"] = f"{type(e).__name__}: {e}"[:2000]
-    parts = [f"{m}: not compiled ({r['not compiled']})" if "not compiled" in r else f"{m}: {r['error']}" if "error" in r else
-             f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
-             f"a second trial's {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs; CUDA graphs {r['graph calls']} calls, "
-             f"{r['graph skips']} skipped)" for m, r in out.items()]  # fmt: skip
+        except KeyboardInterrupt:  # a command's time limit (timeout -s INT): the figures this method reached are kept
+            campaign.progress(speed_result(out))
+            raise
+        campaign.progress(speed_result(out))  # a command stopped in the next method keeps this one's figures
+    return speed_result(out)
+
+
+def speed_result(out: dict) -> dict:
+    """The stage's result from the figures measured so far: a method stopped mid-measure shows what it reached."""
+    def part(m: str, r: dict) -> str:
+        if "not compiled" in r or "error" in r:
+            return f"{m}: " + (f"not compiled ({r['not compiled']})" if "not compiled" in r else r["error"])
+        if "second trial programs" not in r:
+            return f"{m}: stopped before its figures were complete"
+        return (f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
+                f"a second trial's {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs; CUDA graphs "
+                f"{r['graph calls']} calls, {r['graph skips']} skipped)")  # fmt: skip
+
+    parts = [part(m, r) for m, r in out.items()]
     return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
 
 
