@@ -143,10 +143,35 @@ def test_a_method_whose_measurement_breaks_keeps_the_figures_measured_before(mon
 
     monkeypatch.setattr(engine_speed, "chain_bound_seconds", lambda sim: 1 / 0)
     args = type("Args", (), {"smoke": True})()
-    result = speed(type("Campaign", (), {"args": args, "device": "cpu"})(), deadline=float("inf"))
+    written: list[dict] = []
+    result = speed(type("Campaign", (), {"args": args, "device": "cpu", "progress": lambda _, r: written.append(r)})(), deadline=float("inf"))
     fedavg = result["figures"]["fedavg"]
     assert fedavg["error"].startswith("ZeroDivisionError") and fedavg["compiled s/round"] > 0 and fedavg["programs"] > 0
-    assert "fedavg: ZeroDivisionError" in result["line"]
+    assert "fedavg: ZeroDivisionError" in result["line"] and written == [result]  # written as the method ended
+
+
+def test_a_time_limit_inside_a_method_keeps_the_figures_it_reached(monkeypatch):
+    """An H100 check was stopped by its command's limit (SIGINT) while FedCP compiled, and the speed stage, which
+    wrote its figures only when it ended, lost GPFL's, FedAvg's and FedPAC's."""
+    load_campaign()
+    import bench.campaign.speed as stage
+
+    def measure(method, device, rounds, out, **settings):
+        out["eager s/round"] = {"fedavg": 2.0, "gpfl": 6.0}[method]
+        if method == "gpfl":
+            raise KeyboardInterrupt
+        out |= {"compiled s/round": 0.5, "compile + first round s": 9.0, "second trial: compile + first round s": 0.4,
+                "second trial programs": 0, "graph calls": 3, "graph skips": 0}  # fmt: skip
+
+    monkeypatch.setattr(stage, "measure", measure)
+    args = type("Args", (), {"smoke": False, "speed_methods": ["fedavg", "gpfl"]})()
+    written: list[dict] = []
+    campaign = type("Campaign", (), {"args": args, "device": "cpu", "data": None, "progress": lambda _, r: written.append(json.loads(json.dumps(r)))})()
+    with pytest.raises(KeyboardInterrupt):
+        stage.speed(campaign, deadline=float("inf"))
+    assert [sorted(w["figures"]) for w in written] == [["fedavg"], ["fedavg", "gpfl"]]
+    assert written[-1]["figures"]["gpfl"] == {"eager s/round": 6.0}
+    assert written[-1]["line"].startswith("fedavg 2 -> 0.5 s/round") and "gpfl: stopped before its figures were complete" in written[-1]["line"]
 
 
 def test_the_pages_quote_the_h100_speed_stage_as_committed():
@@ -230,3 +255,35 @@ def test_the_pages_quote_the_h200_check_as_committed():
     assert (f"On an H200 the compiled engine ran GPFL's Table 1 round in {gpfl['compiled s/round']:.3f} s against {gpfl['eager s/round']:.2f} eager, "
             f"every step a CUDA graph, and {len(passed)} of {len(checks)} families of methods equal to the CPU reference in float64 (pFedMe fails "
             f"to compile there and runs eager); 2000 training rounds still take about {round(2000 * gpfl['compiled s/round'] / 60)} minutes") in flat("README.md")  # fmt: skip
+
+
+def test_the_performance_page_quotes_the_h100_check_as_committed():
+    """The H100 check's correctness stage and FedAvg's figures (the retry's kept programs and SHAPES_NEEDED on a GPU),
+    as docs/performance.md quotes them, from the committed campaign.json files."""
+    folder = ROOT / "results/gpu/check-h100-7b36476"
+    check = json.loads((folder / "correctness/campaign.json").read_text())
+    run = json.loads((folder / "fedavg/campaign.json").read_text())
+    checks, fedavg = check["correctness"]["checks"], run["speed"]["figures"]["fedavg"]
+    passed = [c for c in checks.values() if c["status"] == "passed"]
+    for env in (check["environment"], run["environment"]):
+        assert env["name"] == "NVIDIA H100 80GB HBM3" and env["torch"] == "2.11.0+cu130"
+    assert "speed" not in check and check["correctness"]["failed"] == ["compiled: pfedme"]
+    assert [n for n, c in checks.items() if c.get("inductor") == INDUCTOR_DEFAULT] == ["compiled: gpfl"]
+    assert fedavg["recompiles"] == 0 and fedavg["second trial programs"] == 0 and fedavg["compile retries"] == 1
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    for phrase in [
+        f"{len(passed)} of {len(checks)} families compiled on the GPU equal sequential eager on the CPU in float64 (largest "
+        f"difference {max(c['max_abs_difference'] for c in passed):.1e}), every compiled step a CUDA graph "
+        f"({sum(c['graph calls'] for c in passed)} graph calls, {sum(c['graph skips'] for c in passed)} skipped), in {check['correctness']['seconds']:.0f} s",
+        f"FedAvg alone, at commit 7b36476: {fedavg['eager s/round']:.2f} s a round eager, {fedavg['compiled s/round']:.3f} compiled "
+        f"({fedavg['eager / compiled']:.1f}×), {fedavg['compiled whole round s']:.3f} with every client's evaluation; "
+        f"{fedavg['compile + first round s']:.0f} s compiling the first round ({fedavg['programs']} programs",
+        f"{fedavg['recompiles']} programs compiled during its timed rounds and a second trial {fedavg['second trial programs']} programs, "
+        f"its first round {fedavg['second trial: compile + first round s']:.2f} s",
+        f"{fedavg['% of chain bound']:.0f} % of its chain bound ({fedavg['chain bound s']:.3f} s) and {fedavg['% of ceiling']:.0f} % of its "
+        f"ceiling ({fedavg['ceiling s/round']:.3f} s)",
+    ]:  # fmt: skip
+        assert phrase in performance, phrase
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"FedAvg's training round in {fedavg['compiled s/round']:.3f} s against {fedavg['eager s/round']:.2f} eager, its second trial "
+            "compiling nothing") in readme  # fmt: skip
