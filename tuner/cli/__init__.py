@@ -1,0 +1,85 @@
+"""The `tuner` command: the app, how a user's mistake ends, and how a run's settings are resolved from what was
+typed. Each command group is a module of its own, registered on `app` when this package is imported:
+`run` (one simulation), `sweep` (sweep and reproduce), `report`, `methods` and `data`."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import importlib
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from tuner.config import RunConfig, load_yaml, parse_set, resolve_layers, user_path
+from tuner.errors import UserError
+
+app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
+data_app = typer.Typer(help="Look at datasets and partitions.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+
+
+def user_errors(fn):
+    """A user's mistake ends with one sentence and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:  # the message is text: a range written [low, high] is not markup
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
+            if e.filename is None:
+                raise
+            said = f"cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}, and the files written before stay whole (every write replaces a file at once)."
+            err.print(f"[bold red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:  # a command without a stop of its own (run and sweep have theirs)
+            err.print("Stopped (Ctrl-C); every file written before stays whole.", markup=False, highlight=False)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def io_advice(e: OSError) -> str:
+    """What to fix for a failed read or write, from its cause: a full disk is not a missing folder."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space or choose another folder"
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "a folder on that path does not exist or is not a folder: fix the path"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a folder you may write to"
+    return "check that path"
+
+
+def absolute(value):
+    """Typer callback for every path option: relative, absolute and `~` paths work from any directory."""
+    if value is None:
+        return None
+    return [user_path(v) for v in value] if isinstance(value, (list, tuple)) else user_path(value)
+
+
+SET_HELP = "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."
+
+
+def make_config(method: str, config: Path | None, options: dict, sets: list[str]) -> RunConfig:
+    """The resolved run: a YAML file, then the options typed, then --set, each value blamed on where it was typed."""
+    layers = [(str(config), load_yaml(config))] if config is not None else []
+    layers += [(f"--{name}", {name: value}) for name, value in options.items() if value is not None]
+    return resolve_layers(method, layers + [("--set", parse_set(sets))])
+
+
+def at_least(option: str, value: int | None, low: int) -> None:
+    """A number typed on the command line, checked where it was typed."""
+    if value is not None and value < low:
+        raise UserError(f"{option} must be at least {low}, not {value}.")
+
+
+# Each command group registers its commands on `app` as it is imported, in the order `tuner --help` lists them.
+for _group in ("run", "sweep", "report", "methods", "data"):
+    importlib.import_module(f"tuner.cli.{_group}")
