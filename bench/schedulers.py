@@ -30,12 +30,12 @@ sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
 from tuner.report.runs import lineage_rows, trial_rows  # noqa: E402
+from tuner.sweep.schedulers import SCHEDULERS  # noqa: E402
 
 SEARCH = {  # each method's float settings, the ranges of its shipped space
     "fedavg": {"lr": {"loguniform": [0.001, 0.2]}},
     "gpfl": {"lam": {"loguniform": [0.0001, 1]}, "mu": {"loguniform": [0.001, 1]}, "lr": {"loguniform": [0.005, 0.2]}},
 }
-SCHEDULERS = ("asha", "pbt", "pb2")
 SPENT_AT = (0.25, 0.5, 0.75, 1.0)  # the anytime curve's points, as fractions of the budget
 
 

@@ -26,7 +26,7 @@ import torch
 
 from algorithms import METHODS
 from tuner import papers, reproduce
-from tuner.config import trial_config
+from tuner.sweep.trials import trial_config
 from tuner.run import build_data, build_method, build_simulation, check_batches
 from written_data import accept_written_cifar, write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
 

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from algorithms import METHODS
-from tuner.config import CUDA_COMPILE_ROUNDS, RunConfig, auto_executor
+from tuner.config import RunConfig, auto_executor
+from tuner.compile import CUDA_COMPILE_ROUNDS
 from tuner.data.datasets import DEBIAN_FMNIST
 from tuner.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
@@ -216,7 +217,7 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
 
 
 def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only_what_was_measured_to_win_there():
-    from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
+    from tuner.compile import CPU_COMPILE_ROUNDS, auto_engine
 
     gpfl = CUDA_COMPILE_ROUNDS["gpfl", "cnn4"]
     assert auto_engine("cuda", gpfl, "cnn4", "gpfl") == auto_engine("cuda:1", 2000, "cnn4", "fedcp") == "compiled"
@@ -260,7 +261,7 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
 
 
 def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_the_committed_campaign():
-    from tuner.config import CPU_COMPILE_ROUNDS
+    from tuner.compile import CPU_COMPILE_ROUNDS
     from tuner.sweep.cluster import TRIALS_PER_GPU
 
     flat = lambda page: " ".join((ROOT / page).read_text().split())  # noqa: E731

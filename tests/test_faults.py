@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.config import TRIAL_RETRIES
+from tuner.sweep.trials import TRIAL_RETRIES
 from tuner.files import write_atomic, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]

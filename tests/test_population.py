@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from simulations import assert_equal_states, exact_config, run_rounds
 from tuner.cli import app
-from tuner.config import trial_config
+from tuner.sweep.trials import trial_config
 from tuner.errors import UserError
 from tuner.run import build_simulation, run
 from tuner.schedule import ROUNDS_FILE, load_schedule, read_rounds

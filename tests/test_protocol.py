@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from tuner.config import RunConfig, apply_settings, trial_config
+from tuner.config import RunConfig, apply_settings
+
+from tuner.sweep.trials import trial_config
 from tuner.data.augment import PAD, crop_flip
 from tuner.data.dataset import decode
 from tuner.data.datasets import load_dataset

@@ -20,7 +20,8 @@ from tuner.cli import app
 from tuner.selection import score, selection
 from tuner.selection import trial_score
 from tuner.sweep.cluster import OWN_RAY_CONFIG
-from tuner.sweep.stopping import Patience, RoundBudget, asha
+from tuner.sweep.schedulers import asha
+from tuner.sweep.stopping import Patience, RoundBudget
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
@@ -57,7 +58,7 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
     """A trial's per-round accuracies, run here in this process on one thread as its worker runs it."""
     import torch
 
-    from tuner.config import trial_config
+    from tuner.sweep.trials import trial_config
     from tuner.run import build_simulation
 
     threads = torch.get_num_threads()
@@ -616,7 +617,7 @@ def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_f
 
 
 def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
-    from tuner.config import CPU_COMPILE_ROUNDS, auto_engine
+    from tuner.compile import CPU_COMPILE_ROUNDS, auto_engine
     from tuner.sweep.cluster import worker_rounds
 
     cpu, two_cores = {"cpu": 1, "gpu": 0}, {"CPU": 2}

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from functools import lru_cache
-from types import NoneType, UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
 import torch
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from algorithms.base import Unsupported, hparam_names
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
@@ -23,7 +20,10 @@ from tuner.data.federated import SHIFTS
 from tuner.data.partition import natural_clients, parse_partition
 from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.executors import ENGINES, EXECUTORS
+from tuner.compile import auto_engine
 from tuner.errors import UserError
+from tuner.files import user_path
+from tuner.coercion import coerce
 from tuner.data.user_data import is_user_data, load_user_data
 from tuner.models import BACKBONES, backbone_for
 from tuner.papers import home_protocol
@@ -53,33 +53,6 @@ def auto_executor(device: str, batch_size: int) -> str:
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
-
-
-# Rounds on a CPU from which compiling repays itself: what a round saves depends on how much of it is small
-# operations, so the break-even is the backbone's. Set from runs of bench/compile_once.py (the small setting: GPFL,
-# digits, mlp) and bench/engine_speed.py (Table 1's cnn4) on the 2-core development machine at 8357c7e whose output
-# was not kept; `--json FILE` on either records a run. Unmeasured backbones take the largest.
-CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
-
-
-# Rounds on CUDA from which compiling repays itself, for the methods and backbones measured to compile there and win
-# (GPFL Table 1's setting, torch 2.11): the first round's compiling over what a round saves. GPFL from the H200
-# check (results/gpu/check-h200-a50e3b0); FedPAC (its Table 1 setting) from the H100 speed stage
-# (results/gpu/speed-h100-ea133d7); FedAvg and FedCP from the first H100 figures (results/gpu/compiled-engine-b9d680f,
-# the faster eager figure), their timed rounds in the later files having compiled programs. Anything not measured
-# runs eager on CUDA (pFedMe fails to compile there).
-CUDA_COMPILE_ROUNDS = {("gpfl", "cnn4"): 14, ("fedavg", "cnn4"): 41, ("fedcp", "cnn4"): 14, ("fedpac", "pac_cnn"): 92}
-
-
-def auto_engine(device: str, rounds: int, backbone: str, method: str) -> str:
-    """Compiled where the rounds that will run its programs repay compiling them, eager elsewhere. `rounds`: a
-    run's own, or, in a sweep, those of all the trials one worker runs (they share its programs). On CUDA only
-    for the methods and backbones measured to compile and win there (CUDA_COMPILE_ROUNDS); on a CPU from the
-    backbone's measured break-even (CPU_COMPILE_ROUNDS; docs/performance.md, "Compiling once")."""
-    if device.startswith("cuda"):
-        needed = CUDA_COMPILE_ROUNDS.get((method, backbone))
-        return "compiled" if needed is not None and rounds >= needed else "eager"
-    return "compiled" if rounds >= CPU_COMPILE_ROUNDS.get(backbone, max(CPU_COMPILE_ROUNDS.values())) else "eager"
 
 
 @dataclass(frozen=True)
@@ -235,42 +208,6 @@ class RunConfig:
 RUN_FIELDS = {name: hint for name, hint in get_type_hints(RunConfig).items() if name != "hparams"}
 
 
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """A YAML or command-line value as the setting's type, by its type hint (pydantic's lax conversion:
-    "3" for an int, "1e-4" for a float, yes/no for a bool, a list for a tuple; Optional, Literal and
-    unions alike); never a non-finite float."""
-    try:
-        return _adapter(hint).validate_python(value)
-    except ValidationError as e:
-        kinds = {error["type"] for error in e.errors()}
-        if value is None:
-            raise UserError(f"Setting {name} needs a value.") from None
-        if kinds & {"finite_number"}:
-            raise UserError(f"Setting {name} must be a finite number, not {value!r}.") from None
-        raise UserError(f"Setting {name} must be {_kind(hint)}, not {value!r}.") from None
-
-
-@lru_cache(maxsize=None)
-def _adapter(hint: Any) -> TypeAdapter:
-    config = ConfigDict(coerce_numbers_to_str=True, allow_inf_nan=False, arbitrary_types_allowed=True)
-    return TypeAdapter(hint, config=config)
-
-
-def _kind(hint: Any) -> str:
-    """A type hint in words, for a sentence: an int, a float or None, one of 'a', 'b', ..."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(map(repr, args))
-    if origin in (Union, UnionType):  # None, where allowed, means "the default": not worth a word
-        return " or ".join(_kind(a) for a in args if a is not NoneType)
-    if hint is NoneType:
-        return "None"
-    if origin in (tuple, list):
-        return f"a list of {', '.join(getattr(a, '__name__', str(a)) for a in args if a is not Ellipsis)} values"
-    name = getattr(hint, "__name__", str(hint))
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
 def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> RunConfig:
     """Apply name -> value pairs to run settings or the method's hyperparameters."""
     method = method_class(cfg.method)
@@ -281,7 +218,7 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     for name, value in settings.items():
         if name in RUN_FIELDS or name in hp_fields:
             try:
-                typed = _coerce(name, value, RUN_FIELDS[name] if name in RUN_FIELDS else hp_hints[name])
+                typed = coerce(name, value, RUN_FIELDS[name] if name in RUN_FIELDS else hp_hints[name])
             except UserError as e:
                 raise UserError(f"{source}: {e}") from None
             (updates if name in RUN_FIELDS else hp)[name] = typed
@@ -289,31 +226,6 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
             allowed = ", ".join(list(RUN_FIELDS) + hparam_names(method))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")
     return replace(cfg, **updates, hparams=hp)
-
-
-# A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
-# many times before Ray Tune gives up on it (max_failures); a diverging one is not retried (sweep.FinalFailures).
-TRIAL_RETRIES = 2
-
-
-def trial_settings(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """A Tune trial's settings: its stage's fixed settings (with the method), then its grouped values (a dict: a
-    table cell, a seed with its partition seed), then its single sampled values."""
-    groups = [v for v in params.values() if isinstance(v, dict)]
-    return {**base, **{k: v for g in groups for k, v in g.items()}, **{k: v for k, v in params.items() if not isinstance(v, dict)}}
-
-
-def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
-    """A Tune trial's RunConfig, resolved (trial_settings)."""
-    settings = trial_settings(base, params)
-    method = settings.pop("method")
-    return resolve_layers(method, [("trial", settings)])
-
-
-def user_path(path: str | Path) -> Path:
-    """A path as a user typed it, made absolute (`~` expanded) before it reaches Ray, pyarrow or a trial,
-    whose working directory is not the user's."""
-    return Path(path).expanduser().resolve()
 
 
 def absolute_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -362,29 +274,3 @@ def _resolution(cfg: RunConfig) -> RunConfig | UserError:
         return cfg.resolved()
     except UserError as refused:
         return refused
-
-
-def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
-    """A YAML file holding one mapping; every way it can be wrong is one sentence naming the file."""
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{what} {p} does not exist.")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{what} {p} is not valid YAML{where}; fix its syntax.") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{what} {p} must hold a mapping of name: value pairs.")
-    return data
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    data = read_mapping(path, "Config file")
-    hp = data.pop("hparams", None) or {}
-    if not isinstance(hp, dict):
-        raise UserError(f"Config file {path}: 'hparams' must be a mapping.")
-    return {**data, **hp}

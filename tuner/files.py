@@ -8,7 +8,11 @@ import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import yaml
+
+from tuner.errors import UserError
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -113,3 +117,35 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's: alive
         return True
     return True
+
+
+def user_path(path: str | Path) -> Path:
+    """A path as a user typed it, made absolute (`~` expanded) before it reaches Ray, pyarrow or a trial,
+    whose working directory is not the user's."""
+    return Path(path).expanduser().resolve()
+
+
+def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML file holding one mapping; every way it can be wrong is one sentence naming the file."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} {p} does not exist.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{what} {p} is not valid YAML{where}; fix its syntax.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {p} must hold a mapping of name: value pairs.")
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    data = read_mapping(path, "Config file")
+    hp = data.pop("hparams", None) or {}
+    if not isinstance(hp, dict):
+        raise UserError(f"Config file {path}: 'hparams' must be a mapping.")
+    return {**data, **hp}

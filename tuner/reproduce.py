@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner import papers
-from tuner.config import absolute_settings, user_path
+from tuner.config import absolute_settings
+from tuner.files import user_path
 from tuner.errors import UserError
 
 

@@ -29,10 +29,13 @@ from typing import Any
 
 import optuna
 
-from tuner.config import RunConfig, absolute_settings, read_mapping, resolve_layers
+from tuner.config import RunConfig, absolute_settings, resolve_layers
+
+from tuner.files import read_mapping
 from tuner.errors import UserError
 from tuner.plugins import canonical, method_class
 from tuner.selection import FIGURES
+from tuner.sweep.schedulers import Population, read_scheduler
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
 SAMPLERS = {
@@ -46,12 +49,6 @@ SAMPLERS = {
 SELECTS = ("test", "val")
 TOP_KEYS = ("method", "setting", "settings", "search", "sampler", "samples", "select", "report_every", "stop", "scheduler")
 STOP_KEYS = ("grace", "patience", "max_total_rounds")
-SCHEDULERS = ("asha", "pbt", "pb2")
-POPULATION_KEYS = ("kind", "perturbation_interval", "quantile", "resample_probability", "mutate")
-# What population-based training may change while a trial trains: floats every step reads as a program input (a
-# changed value recompiles nothing, docs/engine.md), never what shapes a step or the data (batch size, epochs, the
-# backbone, the split). A method's own float hyperparameters join these.
-MUTABLE_SETTINGS = ("lr", "momentum", "weight_decay")
 
 
 @dataclass
@@ -59,21 +56,6 @@ class Stopping:
     grace: int | None = None  # ASHA grace period in rounds; None: no ASHA
     patience: int | None = None  # stop a trial whose best round is more than this many rounds old
     max_total_rounds: int | None = None  # end the whole sweep after this many rounds over all trials
-
-
-@dataclass
-class Population:
-    """Population-based training over the sweep's trials (Ray Tune's PBT or PB2, asynchronous): every `interval`
-    rounds a trial in the bottom `quantile` takes the whole federated state of one in the top quantile (exploit) and
-    perturbs or resamples the `mutate` settings (explore; PB2 chooses them by a GP bandit). Not Ray Tune's
-    synchronous form: a trial failing between two perturbations leaves the others paused for good (Ray 2.60; seen
-    with a diverging GPFL trial)."""
-
-    kind: str  # pbt | pb2
-    interval: int  # rounds between perturbations (and checkpoints)
-    quantile: float = 0.25
-    resample_probability: float = 0.25
-    mutate: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -179,7 +161,7 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
         stop=_stopping(data.get("stop"), where, named),
     )  # fmt: skip
     _check(space, resolved.rounds, named, samples_given="samples" in data)
-    space.population = _population(data.get("scheduler"), space, resolved, named, sampler_given="sampler" in data or "sampler" in typed)
+    space.population = read_scheduler(data.get("scheduler"), space, resolved, named, sampler_given="sampler" in data or "sampler" in typed)
     if space.select == "val" and resolved.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
@@ -283,55 +265,3 @@ def _check(space: Space, rounds: int, named, samples_given: bool) -> None:
         if samples_given and space.samples != points:  # a grid runs each point once: another count is a slip to say
             space.notes.append(f"{named('samples')}: the grid sampler runs each of its {points} points once, so {points} trials, not {space.samples}.")
         space.samples = points
-
-
-
-def _population(value: Any, space: Space, cfg: RunConfig, named, sampler_given: bool) -> Population | None:
-    """The `scheduler:` entry: None for ASHA (Optuna's search, stop.grace), else the population-based training it
-    asks for, every setting it would perturb checked to be one a trial can change between two rounds."""
-    where = space.source
-    spec = {"kind": value} if isinstance(value, str) or value is None else _mapping(value, where, "scheduler")
-    unknown = [k for k in spec if k not in POPULATION_KEYS]
-    if unknown:
-        raise UserError(f"{where}: scheduler.{unknown[0]} is unknown; scheduler may hold {', '.join(POPULATION_KEYS)}.")
-    kind = str(spec.get("kind") or "asha")
-    if kind not in SCHEDULERS:
-        raise UserError(f"{named('scheduler')}: unknown scheduler {kind!r}; use one of {', '.join(SCHEDULERS)}.")
-    if kind == "asha":
-        if len(spec) > 1:
-            raise UserError(f"{where}: scheduler.{next(k for k in spec if k != 'kind')} belongs to pbt and pb2; ASHA is set by stop.grace.")
-        return None
-    mutable = set(MUTABLE_SETTINGS) | {k for k, v in cfg.hparams.items() if isinstance(v, float)}
-    floats = [n for n, d in space.search.items() if isinstance(d, optuna.distributions.FloatDistribution)]
-    mutate = spec.get("mutate", [n for n in floats if n in mutable])
-    if not isinstance(mutate, list) or not mutate:
-        raise UserError(f"{where}: {kind} perturbs float training settings ({', '.join(MUTABLE_SETTINGS)} or the method's float "
-                        f"hyperparameters) searched by a uniform or loguniform range, and none is: search one, or list them under scheduler.mutate.")  # fmt: skip
-    for name in mutate:
-        if name not in space.search:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, which search does not; search it too, or drop it from mutate.")
-        if name not in mutable:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, which shapes a training step or the data, so a trial cannot change it "
-                            f"between two rounds; drop it from mutate (it stays searched: a trial keeps its value, or takes its donor's).")  # fmt: skip
-        if name not in floats:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, searched by a {type(space.search[name]).__name__}; {kind} perturbs "
-                            "uniform and loguniform ranges only.")  # fmt: skip
-    interval = spec.get("perturbation_interval", max(1, cfg.rounds // 5))
-    _positive(interval, f"{where}: scheduler.perturbation_interval")
-    if interval >= cfg.rounds:
-        raise UserError(f"{where}: scheduler.perturbation_interval ({interval}) must be below the run's {cfg.rounds} rounds, or nothing is ever perturbed.")
-    if interval % space.report_every:
-        raise UserError(f"{where}: scheduler.perturbation_interval ({interval}) must be a multiple of report_every ({space.report_every}).")
-    quantile, resample = spec.get("quantile", 0.25), spec.get("resample_probability", 0.25)
-    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile <= 0.5:
-        raise UserError(f"{where}: scheduler.quantile must be above 0 and at most 0.5, not {quantile!r}.")
-    if isinstance(resample, bool) or not isinstance(resample, (int, float)) or not 0 <= resample <= 1:
-        raise UserError(f"{where}: scheduler.resample_probability must be between 0 and 1, not {resample!r}.")
-    if space.samples < 2:
-        raise UserError(f"{named('samples')}: {kind} needs a population of at least 2 trials, not {space.samples}.")
-    if space.stop.grace is not None:
-        space.notes.append(f"{named('grace')}: ASHA does not run under {kind}, which replaces the bottom trials' states instead of stopping them.")
-        space.stop.grace = None
-    if sampler_given:
-        space.notes.append(f"{named('sampler')}: {kind} draws its first population at random (after the paper's defaults), not with an Optuna sampler.")
-    return Population(kind, interval, float(quantile), float(resample), list(mutate))

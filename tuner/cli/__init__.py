@@ -13,7 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tuner.config import RunConfig, load_yaml, parse_set, resolve_layers, user_path
+from tuner.config import RunConfig, parse_set, resolve_layers
+
+from tuner.files import load_yaml, user_path
 from tuner.errors import UserError
 
 app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)

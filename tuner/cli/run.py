@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli import SET_HELP, absolute, app, at_least, console, err, make_config, user_errors
-from tuner.config import user_path
+from tuner.files import user_path
 from tuner.errors import UserError
 from tuner.interrupts import StopAtRoundEnd
 from tuner.plugins import canonical, method_class

@@ -12,9 +12,13 @@ from rich.table import Table
 
 from tuner.cli import absolute, app, at_least, console, err, user_errors
 from tuner.cli.tables import chosen_by, print_tables
-from tuner.config import parse_set, user_path
+from tuner.config import parse_set
+from tuner.files import user_path
 from tuner.errors import UserError
 from tuner.plugins import method_class
+from tuner.sweep.schedulers import SCHEDULERS
+
+SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
 
 
 @app.command()
@@ -30,7 +34,7 @@ def sweep(
     seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
     vary_partition: bool = typer.Option(False, help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, as in the papers."),
     grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
-    scheduler: Optional[str] = typer.Option(None, help="asha (Optuna's search; trials stopped early per --grace), or tune while training: pbt or pb2, population-based training over the space's float settings [default: the space's, else asha]."),
+    scheduler: Optional[str] = typer.Option(None, help=f"{SCHEDULERS_HELP} [default: the space's, else asha]."),
     patience: Optional[int] = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
     max_total_rounds: Optional[int] = typer.Option(None, help="End the sweep after this many rounds over all trials."),
     set_: list[str] = typer.Option([], "--set", help="Add to the space's fixed settings, as name=value (repeatable), e.g. rounds=20."),

@@ -17,19 +17,22 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from tuner.config import TRIAL_RETRIES, RunConfig, trial_config
+from tuner.config import RunConfig
+
+from tuner.sweep.trials import TRIAL_RETRIES, trial_config
 from tuner.errors import UserError, first_sentence
 from tuner.plugins import method_title
 from tuner.files import LOCK_FILE, lock_holder
 from tuner.run import RunDir
 from tuner.schedule import ROUNDS_FILE, read_rounds
 from tuner.selection import SCORE, best_of, selection, started
+from tuner.sweep.schedulers import SCHEDULERS
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
 NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
-POPULATION = ("pbt", "pb2")  # schedulers whose trials take other trials' states
+POPULATION = tuple(name for name, s in SCHEDULERS.items() if s.hands_states)  # trials take other trials' states
 
 
 UNREADABLE = (ValueError, OSError, KeyError, TypeError, yaml.YAMLError, UserError)  # damaged, truncated, or naming what is gone

@@ -2,7 +2,7 @@
 `experiment.yaml` that `tuner report` reads to rebuild every trial's full RunConfig:
 
     search/   the Optuna search (OptunaSearch; ASHA and patience stop trials early), or a population trained
-              with PBT or PB2 (tuner/sweep/population.py)
+              with PBT or PB2 (tuner/sweep/schedulers.py)
     seeds/    the best configuration rerun with fresh seeds (`--seeds N`)
 
 `tuner reproduce` writes one stage, `reproduce/`, whose trials carry their table cell. A stage resumes where
@@ -27,15 +27,17 @@ from ray import tune
 from ray.tune import Callback
 from ray.tune.search.optuna import OptunaSearch
 
-from tuner.config import TRIAL_RETRIES, user_path
+from tuner.sweep.trials import TRIAL_RETRIES
+
+from tuner.files import user_path
 from tuner.errors import Interrupted, UserError, first_sentence
 from tuner.files import ensure_writable, folder_lock, unwritable_reason, write_text_atomic
 from tuner.selection import SCORE, best_of, selection, started, trial_dirname, trial_score
 from tuner.space import Space
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, quiet, stage_counts
-from tuner.sweep.population import first_population, population_scheduler, tune_domain
-from tuner.sweep.stopping import FinalFailures, asha, stoppers
+from tuner.sweep.schedulers import first_population, scheduler_of, tune_domain
+from tuner.sweep.stopping import FinalFailures, stoppers
 from tuner.sweep.trainable import federated_trial
 
 EXPERIMENT_FILE = "experiment.yaml"
@@ -256,10 +258,11 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
     restoring = resume and tune.Tuner.can_restore(str(search_dir))
-    searcher, param_space, scheduler, keep = None, None, asha(space.stop.grace, cfg.rounds), 2
+    kind = scheduler_of(space)
+    searcher, param_space, scheduler, keep = None, None, kind.build(space, cfg.rounds), 2
     pop = space.population
-    if pop:  # a donor's checkpoint at every perturbation, kept until its recipients have read it
-        base, param_space, scheduler, keep = {**base, "checkpoint_every": pop.interval}, {n: tune_domain(d) for n, d in space.search.items()}, population_scheduler(space), 4
+    if kind.hands_states:  # a donor's checkpoint at every perturbation, kept until its recipients have read it
+        base, param_space, keep = {**base, "checkpoint_every": pop.interval}, {n: tune_domain(d) for n, d in space.search.items()}, 4
     if not restoring and pop:
         searcher = first_population(space, cfg.seed)
     elif not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
@@ -272,7 +275,7 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
         sweep_dir, "search", base, space.select, space.report_every, res, param_space=param_space,
         searcher=searcher, scheduler=scheduler, stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
         samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds, keep_checkpoints=keep,
-        extra={"method": space.method, "space": space.source, "sampler": space.sampler, "scheduler": pop.kind if pop else "asha",
+        extra={"method": space.method, "space": space.source, "sampler": space.sampler, "scheduler": kind.name,
                "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)]},  # the report's axes
     )  # fmt: skip
     figures = {r.path: population_figures(r, space.select) if pop else r.metrics for r in grid if r.metrics}

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ray.tune import Callback
-from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 
 from tuner.report.runs import trial_rows
@@ -52,11 +51,6 @@ class RoundBudget(Stopper):
             rows = trial_rows(results)  # a last line cut by a kill is left out
             if not rows.empty:
                 self.rounds.setdefault(rows["trial_id"].iloc[-1], int(rows["round"].iloc[-1]))
-
-
-def asha(grace: int | None, rounds: int) -> ASHAScheduler | None:
-    """ASHA over rounds: a trial reaching a rung below the top quarter of its peers stops there."""
-    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace) if grace else None
 
 
 def stoppers(patience: int | None, max_total_rounds: int | None, experiment: Path | None = None) -> Stopper | None:

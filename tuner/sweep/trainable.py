@@ -35,7 +35,9 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     import ray
     import torch
 
-    from tuner.config import auto_engine, trial_config, trial_settings
+    from tuner.compile import auto_engine
+
+    from tuner.sweep.trials import trial_config, trial_settings
     from tuner.run import build_simulation
     from tuner.schedule import ROUNDS_FILE, write_rounds
 
