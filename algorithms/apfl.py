@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.base import Method, Unsupported, variant
+from algorithms.rounds import Passes
 
 GLOBAL = "global."
 ALPHA = "apfl.alpha"
@@ -65,7 +66,8 @@ class APFL(Method):
     passes = Passes(end_local=True)  # α_i projected to [0, 1]
 
     def init_client(self, model):
-        alpha = torch.zeros((), device=model[self.net.param_keys[0]].device) + self.hp.alpha  # a copy, never the hyperparameter itself
+        # a copy, never the hyperparameter itself
+        alpha = torch.zeros((), device=model[self.net.param_keys[0]].device) + self.hp.alpha
         return {**super().init_client(model), **self.net.copy(model, GLOBAL), ALPHA: alpha}
 
     def phases(self):
@@ -76,7 +78,9 @@ class APFL(Method):
         w = lambda k: state[GLOBAL + k].detach() if detach_global else state[GLOBAL + k]  # noqa: E731
         if self.hp.mix == "outputs":
             global_logits = self.net.logits(state, x, GLOBAL)
-            return a * self.net.logits(state, x) + (1 - a) * (global_logits.detach() if detach_global else global_logits)
+            return a * self.net.logits(state, x) + (1 - a) * (
+                global_logits.detach() if detach_global else global_logits
+            )
         return self.net.logits({**state, **{k: a * state[k] + (1 - a) * w(k) for k in self.net.param_keys}}, x)  # v̄
 
     def loss(self, state, server, x, y):

@@ -32,9 +32,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.common import is_on
 from algorithms.optimizers import SGD
+from algorithms.rounds import Passes
 
 CORES, P, P0, OWN, REG, MIX = "apple.cores.", "apple.weights", "apple.start", "apple.own", "apple.reg", "apple.mix."
 
@@ -44,11 +45,15 @@ class APPLEHparams:
     lr_p: float = 0.001  # the relationship vector's learning rate (the authors' lr_coef)
     mu: float = 0.1  # μ, the weight of the pull toward p_0 (the authors' default)
     reg_share: float = 0.1  # L / R: the share of the run's rounds the pull lasts (reg_last_round_over_total_round)
-    schedule: Literal["exponential", "cosine"] = "exponential"  # λ(r)'s shape (the authors' default; "cosine" the paper's other)
+    # λ(r)'s shape (the authors' default; "cosine" the paper's other)
+    schedule: Literal["exponential", "cosine"] = "exponential"
 
     def __post_init__(self):
         if self.schedule not in ("exponential", "cosine") or not 0 <= self.reg_share <= 1:
-            raise Unsupported(f"APPLE's schedule is exponential or cosine and reg_share lies in [0, 1]; got {self.schedule!r} and {self.reg_share}.")
+            raise Unsupported(
+                "APPLE's schedule is exponential or cosine and reg_share lies in [0, 1]; got "
+                f"{self.schedule!r} and {self.reg_share}."
+            )
 
 
 class APPLE(Method):
@@ -63,11 +68,16 @@ class APPLE(Method):
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
         if len(training.client_samples) != training.clients:
-            raise Unsupported("APPLE starts p_i at the clients' sample shares: build it with every client's training samples (Training.client_samples).")
-        self.last = int(training.rounds * self.hp.reg_share)  # L: the pull's last round (read before the engine makes hyperparameters tensors)
+            raise Unsupported(
+                "APPLE starts p_i at the clients' sample shares: build it with every client's training "
+                "samples (Training.client_samples)."
+            )
+        # L: the pull's last round (read before the engine makes hyperparameters tensors)
+        self.last = int(training.rounds * self.hp.reg_share)
 
     def initial_cores(self, model):
-        """c_1 … c_N at the start: independent draws, as the authors' Net() per client (client 0's is the run's model)."""
+        """c_1 … c_N at the start: independent draws, as the authors' Net() per client (client 0's is the run's
+        model)."""
         n = self.training.clients
         cores = [model] + [self.net.fresh(self.training.seed * n + j) for j in range(1, n)]
         return {k: torch.stack([c[k] for c in cores]).to(model[k].device) for k in self.net.param_keys}
@@ -80,7 +90,9 @@ class APPLE(Method):
         samples = torch.tensor(self.training.client_samples, dtype=dtype, device=device)
         p0 = samples / samples.sum()
         slots = {P: p0.clone(), P0: p0, OWN: torch.zeros_like(p0), REG: torch.zeros((), dtype=dtype, device=device)}
-        mix = {MIX + k: torch.tensordot(p0, v, dims=1) for k, v in self.initial_cores(model).items()}  # w_i before it first trains
+        mix = {
+            MIX + k: torch.tensordot(p0, v, dims=1) for k, v in self.initial_cores(model).items()
+        }  # w_i before it first trains
         return {**super().init_client(model), **slots, **mix}
 
     def pull(self, number: int):
@@ -105,7 +117,11 @@ class APPLE(Method):
 
     def phases(self):
         t = self.training
-        return [replace(self.sgd(("body.", "head.", P)), optimizer=SGD(t.lr, t.momentum, t.weight_decay, ((P, self.hp.lr_p),)))]
+        return [
+            replace(
+                self.sgd(("body.", "head.", P)), optimizer=SGD(t.lr, t.momentum, t.weight_decay, ((P, self.hp.lr_p),))
+            )
+        ]
 
     def loss(self, state, server, x, y):
         w = {**state, **self.mixed(state, server)}
@@ -118,7 +134,10 @@ class APPLE(Method):
         return {k: client[k] for k in self.net.param_keys}
 
     def aggregate(self, server, uploads, at):
-        return {**server, **{CORES + k: server[CORES + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys}}
+        return {
+            **server,
+            **{CORES + k: server[CORES + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys},
+        }
 
     def logits(self, state, server, x):
         return self.net.logits({**state, **{k: state[MIX + k] for k in self.net.param_keys}}, x)

@@ -18,11 +18,13 @@ a method says what it does in each step of a round, and which optional steps it 
 `at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
 samples and local steps. `stats` are sums over the client's data that `statistics` defines
 (Passes.statistics_before / statistics_after; `trained_statistics` where the pass after training sums
-other things, and `statistics_in_batches` where each call must hold whole run batches: FedAS); `memory` builds a datastore for prediction
+other things, and `statistics_in_batches` where each call must hold whole run batches: FedAS); `memory` builds a
+datastore for prediction
 (Passes.memory); `eval_phases` fine-tunes copies before evaluation; `receive_phases` trains every client
 right after each broadcast, kept (FedALA); `carried` names client tensors a step's forward writes for the
 next step, as batch norm its statistics (FedDBE); `at.group` holds the ids of every client a hook runs for
-in this call (FedCross); a phase's `SGD.group_lrs` steps some tensors at a learning rate of their own (APPLE). Idioms several methods share
+in this call (FedCross); a phase's `SGD.group_lrs` steps some tensors at a learning rate of their own (APPLE). Idioms
+several methods share
 (MMD, label counts, a plain cross-entropy, per-client slots on the server) are in
 `algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
 (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
@@ -51,8 +53,8 @@ its inputs. This package depends on torch only.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, make_dataclass, replace
-from typing import Callable, ClassVar
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,7 @@ import torch.nn.functional as F
 from algorithms.common import State, weighted_mean
 from algorithms.net import Net
 from algorithms.optimizers import SGD, Adam
+from algorithms.rounds import Passes, Phase, Round, Training
 
 
 class Unsupported(ValueError):
@@ -74,93 +77,6 @@ def prefixed_state(state: State) -> State:
     return {SERVER_OPTIMIZER + k: v for k, v in state.items()}
 
 
-IGNORED = -100  # the label of a padded row in a kept partial batch: F.cross_entropy's ignore_index, left out of its mean
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One stretch of local training over the client's training data."""
-
-    trains: tuple[str, ...]  # prefixes of the client tensors this phase updates
-    epochs: int
-    optimizer: SGD
-    loss: Callable[..., torch.Tensor] | None = None  # (state, server, x, y) -> scalar; None: the method's loss
-    steps: int | None = None  # at most this many minibatch steps (None: every batch of every epoch)
-    batch: int | None = None  # samples drawn per step (None: the run's batch size)
-    clip: float | None = None  # each step's gradient clipped to this norm first, as torch.nn.utils.clip_grad_norm_ (None: not clipped)
-    clip_groups: tuple[tuple[str, ...], ...] = ()  # prefix groups clipped each on its own (one clip_grad_norm_ per model); (): all together
-    # each epoch draws from this share of the client's samples only, its last partial batch kept: the rows it lacks
-    # carry label IGNORED, which the phase's loss must leave out as F.cross_entropy does (FedALA's rand_percent, whose
-    # reference loader keeps the partial batch); None: every sample, in full batches
-    share: float | None = None
-    project: Callable[[State], State] | None = None  # applied to the trained tensors after each step, elementwise (FedALA's clamp to [0, 1])
-
-    def epoch_steps(self, samples: int, run_batch: int) -> int:
-        """Batches of one epoch: the full ones (the last partial batch is dropped, as PFLlib does), or with a
-        `share`, every batch of its samples, a partial one included."""
-        batch = self.batch or run_batch
-        return samples // batch if self.share is None else -(-self.sampled(samples) // batch)
-
-    def sampled(self, samples: int) -> int | None:
-        """Samples an epoch of a `share` phase draws (None: the full batches of all of them)."""
-        return None if self.share is None else int(self.share * samples)
-
-    def step_count(self, samples: int, run_batch: int) -> int:
-        """The steps a client with `samples` training samples takes: every epoch's full batches, up to `steps`."""
-        count = self.epochs * self.epoch_steps(samples, run_batch)
-        return count if self.steps is None else min(count, self.steps)
-
-
-@dataclass(frozen=True)
-class Round:
-    """What the engine tells a hook of the round it runs in. In a per-client hook (broadcast,
-    begin_local, end_local) the tensors are that client's own, 0-dimensional; in `aggregate` they are
-    the cohort's, in the order of the stacked uploads."""
-
-    number: int  # the round being trained, from 1 (in broadcast: the round the client trains next)
-    total: int  # the run's rounds
-    clients: torch.Tensor  # client ids (long)
-    samples: torch.Tensor  # training samples n_i (the run's float type)
-    steps: torch.Tensor  # local steps of this round's training phases, n_i // batch per epoch (float)
-    group: torch.Tensor | None = None  # every client id this call of a hook runs for (the round's cohort, in order; in broadcast every client), the same in each per-client call
-
-    def client(self, i: int) -> Round:
-        """The record as the cohort's i-th client sees it in a per-client hook."""
-        return replace(self, clients=self.clients[i], samples=self.samples[i], steps=self.steps[i])
-
-
-@dataclass(frozen=True)
-class Passes:
-    """The optional passes of a round a method takes; the engine runs these and no others."""
-
-    begin_local: bool = False  # begin_local before local training
-    end_local: bool = False  # end_local after it
-    statistics_before: bool = False  # sums of `statistics` over the client's data, handed to begin_local
-    statistics_after: bool = False  # ... with the trained model, handed to end_local
-    trained_statistics: bool = False  # the pass after training sums `trained_statistics`, not `statistics` (FedAS)
-    upload: bool = True  # clients upload and the server aggregates
-    memory: bool = False  # `memory` of each client's whole training split joins its state for prediction
-
-
-@dataclass
-class Training:
-    """The run's settings a method builds on."""
-
-    lr: float
-    local_epochs: int
-    batch_size: int
-    num_classes: int
-    clients: int  # the federation's size
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    rounds: int = 1  # the run's communication rounds
-    participation: float = 1.0  # the mean share of clients that train in a round (ρ)
-    seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
-    class_counts: tuple[int, ...] = ()  # the federation's training samples per class, as PFLlib's servers read them at start (FedGen's label draws)
-    participation_max: float = 1.0  # the largest share of clients in a round (join_ratio's upper end: FedCross's middleware count)
-    client_samples: tuple[int, ...] = ()  # every client's training samples, as the servers of APPLE's code read them at start (its p_0)
-
-
 @dataclass
 class NoHparams:
     pass
@@ -173,7 +89,8 @@ def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dty
     """Every float hyperparameter of the method (its Hparams' float fields, and the run's lr, momentum and
     weight decay) becomes a 0-dim tensor of the run's float type on its device, so a compiled program reads
     it as an input, never as a constant: one program serves every trial of a sweep
-    (docs/engine.md, "What recompiles"). A zero stays the number 0.0: a term switched off is a program of its own (is_on), and a
+    (docs/engine.md, "What recompiles"). A zero stays the number 0.0: a term switched off is a program of its own
+    (is_on), and a
     method may branch on it. Ints, bools and strings (epochs, k, switches) stay static. The engine calls
     this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it."""
 
@@ -195,15 +112,20 @@ class Method:
     name: ClassVar[str]
     title: ClassVar[str]  # its printed name, as the papers' tables write it (default: its name)
     paper: ClassVar[str] = ""  # where it was published ("Zhang et al., ICCV 2023"), for `tuner methods`
-    source: ClassVar[str] = ""  # the code or text this form follows ("PFLlib clientgpfl.py"); its docstring says where they differ
+    # the code or text this form follows ("PFLlib clientgpfl.py"); its docstring says where they differ
+    source: ClassVar[str] = ""
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     passes: ClassVar[Passes] = Passes()
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
-    statistics_in_batches: ClassVar[bool] = False  # each statistics call holds whole batches of the run's batch size, in order (FedAS's per-batch Fisher trace)
-    carried: ClassVar[tuple[str, ...]] = ()  # client tensors the loss updates in place each step, as batch norm its running statistics (FedDBE)
+    statistics_in_batches: ClassVar[bool] = (
+        # each statistics call holds whole batches of the run's batch size, in order (FedAS's per-batch Fisher trace)
+        False
+    )
+    # client tensors the loss updates in place each step, as batch norm its running statistics (FedDBE)
+    carried: ClassVar[tuple[str, ...]] = ()
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 
@@ -246,8 +168,11 @@ class Method:
         """Sums over one batch (w: 1 for real samples, 0 for padding); the engine adds up the batches."""
         raise NotImplementedError
 
-    def trained_statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
-        """The sums of the pass after training, where they differ from the pass before it (Passes(trained_statistics=True): FedAS)."""
+    def trained_statistics(
+        self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> State:
+        """The sums of the pass after training, where they differ from the pass before it
+        (Passes(trained_statistics=True): FedAS)."""
         raise NotImplementedError
 
     def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
@@ -258,13 +183,32 @@ class Method:
         """The tensors that change after local training; `stats` is {} without statistics_after."""
         raise NotImplementedError
 
-    def sgd(self, trains: tuple[str, ...], epochs: int | None = None, lr: float | None = None, loss=None, steps: int | None = None,
-            batch: int | None = None, clip: float | None = None, clip_groups: tuple[tuple[str, ...], ...] = (), plain: tuple[str, ...] = ()) -> Phase:  # fmt: skip
+    def sgd(
+        self,
+        trains: tuple[str, ...],
+        epochs: int | None = None,
+        lr: float | None = None,
+        loss=None,
+        steps: int | None = None,
+        batch: int | None = None,
+        clip: float | None = None,
+        clip_groups: tuple[tuple[str, ...], ...] = (),
+        plain: tuple[str, ...] = (),
+    ) -> Phase:
         """A phase with the run's optimizer (momentum, weight decay; not for the tensors under `plain`); epochs and
         lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(trains, epochs, SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay, plain=plain), loss, steps, batch, clip, clip_groups)
+        return Phase(
+            trains,
+            epochs,
+            SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay, plain=plain),
+            loss,
+            steps,
+            batch,
+            clip,
+            clip_groups,
+        )
 
     def phases(self) -> list[Phase]:
         return [self.sgd(("body.", "head."))]
@@ -291,7 +235,9 @@ class Method:
         if optimizer is None:
             return mean
         params = {k: server[k].clone() for k in mean}
-        state = {k.removeprefix(SERVER_OPTIMIZER): v.clone() for k, v in server.items() if k.startswith(SERVER_OPTIMIZER)}
+        state = {
+            k.removeprefix(SERVER_OPTIMIZER): v.clone() for k, v in server.items() if k.startswith(SERVER_OPTIMIZER)
+        }
         optimizer.step(params, {k: params[k] - mean[k] for k in mean}, state)
         return {**params, **prefixed_state(state)}
 
@@ -320,9 +266,18 @@ def _declaration_problem(cls: type[Method]) -> str | None:
     or a pass without its hook, is a mistake in the method, found when its class is defined."""
     p = cls.passes
     defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
-    for hook, declared in (("begin_local", p.begin_local), ("end_local", p.end_local), ("memory", p.memory), ("trained_statistics", p.trained_statistics)):
+    for hook, declared in (
+        ("begin_local", p.begin_local),
+        ("end_local", p.end_local),
+        ("memory", p.memory),
+        ("trained_statistics", p.trained_statistics),
+    ):
         if defines(hook) != declared:
-            return f"defines {hook} but does not declare Passes({hook}=True)" if declared is False else f"declares {hook} but does not define it"
+            return (
+                f"defines {hook} but does not declare Passes({hook}=True)"
+                if declared is False
+                else f"declares {hook} but does not define it"
+            )
     if (p.statistics_before and not p.begin_local) or (p.statistics_after and not p.end_local):
         return "statistics go to begin_local (before) or end_local (after): declare that hook too"
     if p.trained_statistics and not p.statistics_after:
@@ -344,7 +299,17 @@ def variant(base: type[Method], title: str, **hparams) -> type[Method]:
     """A named ablation or variant of a method: the same method with other hyperparameter defaults."""
     known = {f.name for f in fields(base.Hparams)}
     assert set(hparams) <= known, f"{title}: unknown hyperparameters {set(hparams) - known}"
-    spec = [(f.name, f.type, field(default=hparams.get(f.name, f.default))) for f in fields(base.Hparams) if f.name in hparams]
+    spec = [
+        (f.name, f.type, field(default=hparams.get(f.name, f.default)))
+        for f in fields(base.Hparams)
+        if f.name in hparams
+    ]
     hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec, bases=(base.Hparams,))  # keeps the base's checks
-    attrs = {"name": title.lower(), "title": title, "Hparams": hp_cls, "family": base.family or base.name, "fixed": {**base.fixed, **hparams}}
+    attrs = {
+        "name": title.lower(),
+        "title": title,
+        "Hparams": hp_cls,
+        "family": base.family or base.name,
+        "fixed": {**base.fixed, **hparams},
+    }
     return type(title.replace("-", "_"), (base,), {**attrs, "__module__": base.__module__})

@@ -3,14 +3,15 @@ cross-entropy, per-client slots on the server, the MMD of FedCP and FedPHP, and 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 State = dict[str, torch.Tensor]
-Number = float | torch.Tensor  # a float hyperparameter: a 0-dim tensor in a run, 0.0 where it is zero (hyperparameter_inputs)
+# a float hyperparameter: a 0-dim tensor in a run, 0.0 where it is zero (hyperparameter_inputs)
+Number = float | torch.Tensor
 
 
 def is_on(value: Number) -> bool:

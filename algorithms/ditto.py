@@ -38,7 +38,10 @@ class Ditto(Method):
         return {**super().init_client(model), **self.net.copy(model, GLOBAL)}
 
     def phases(self):
-        return [self.sgd((GLOBAL,), loss=cross_entropy(self.net, GLOBAL)), self.sgd(("body.", "head."), self.hp.personal_epochs)]
+        return [
+            self.sgd((GLOBAL,), loss=cross_entropy(self.net, GLOBAL)),
+            self.sgd(("body.", "head."), self.hp.personal_epochs),
+        ]
 
     def loss(self, state, server, x, y):
         pull = sum(((state[k] - server[GLOBAL + k]) ** 2).sum() for k in self.net.param_keys)

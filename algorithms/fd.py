@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.common import class_sums
+from algorithms.rounds import Passes
 
 SUM, COUNT = "fd.sum", "fd.count"
 LOGITS, HAS = "fd.global", "fd.has"
@@ -52,7 +53,11 @@ class FD(Method):
     def init_client(self, model):
         c = self.training.num_classes
         device = model[self.net.param_keys[0]].device
-        return {**super().init_client(model), SUM: torch.zeros(c, c, device=device), COUNT: torch.zeros(c, device=device)}
+        return {
+            **super().init_client(model),
+            SUM: torch.zeros(c, c, device=device),
+            COUNT: torch.zeros(c, device=device),
+        }
 
     def init_server(self, model):
         c = self.training.num_classes

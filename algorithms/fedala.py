@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Phase, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.optimizers import SGD
+from algorithms.rounds import Passes, Phase
 
 WEIGHTS, RECEIVED = "ala.w.", "ala.g."
 
@@ -41,7 +42,10 @@ class FedALAHparams:
 
     def __post_init__(self):
         if not 0 < self.rand_percent <= 100 or self.layer_idx < 1:
-            raise Unsupported(f"FedALA needs 0 < rand_percent <= 100 and layer_idx >= 1; got {self.rand_percent} and {self.layer_idx}.")
+            raise Unsupported(
+                f"FedALA needs 0 < rand_percent <= 100 and layer_idx >= 1; got {self.rand_percent} and "
+                f"{self.layer_idx}."
+            )
 
 
 def unit_interval(weights):
@@ -62,10 +66,15 @@ class FedALA(Method):
 
     def init_client(self, model):
         model = super().init_client(model)
-        return {**model, **{WEIGHTS + k: torch.ones_like(model[k]) for k in self.higher}, **{RECEIVED + k: model[k].clone() for k in self.higher}}
+        return {
+            **model,
+            **{WEIGHTS + k: torch.ones_like(model[k]) for k in self.higher},
+            **{RECEIVED + k: model[k].clone() for k in self.higher},
+        }
 
     def broadcast(self, client, server, at):
-        own = self.mixed(client)  # what the last adaptation made the client's model: a client that trained since has it already
+        # what the last adaptation made the client's model: a client that trained since has it already
+        own = self.mixed(client)
         lower = {k: v for k, v in server.items() if self.is_shared(k) and k not in self.higher}  # the lower layers: θ_g
         return {**client, **own, **lower, **{RECEIVED + k: server[k] for k in self.higher}}
 
@@ -77,13 +86,24 @@ class FedALA(Method):
         return F.cross_entropy(self.net.logits({**state, **self.mixed(state)}, x), y)
 
     def receive_phases(self):
-        return [Phase((WEIGHTS,), 1, SGD(self.hp.eta), self.weights_loss, share=self.hp.rand_percent / 100, project=unit_interval)]
+        return [
+            Phase(
+                (WEIGHTS,),
+                1,
+                SGD(self.hp.eta),
+                self.weights_loss,
+                share=self.hp.rand_percent / 100,
+                project=unit_interval,
+            )
+        ]
 
     def begin_local(self, client, server, stats, at):
         return self.mixed(client)
 
     def end_local(self, client, server, stats, at):
-        return {RECEIVED + k: client[k] for k in self.higher}  # its model is its own now: nothing of θ_g left to blend in
+        return {
+            RECEIVED + k: client[k] for k in self.higher
+        }  # its model is its own now: nothing of θ_g left to blend in
 
     def logits(self, state, server, x):
         return self.net.logits({**state, **self.mixed(state)}, x)

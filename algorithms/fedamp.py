@@ -54,7 +54,8 @@ class FedAMP(Method):
 
     def aggregate(self, server, uploads, at):
         flat = torch.cat([uploads[k].flatten(1) for k in self.net.param_keys], 1)
-        distance = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist") ** 2  # exact: the matrix-product path (used past 25 rows) loses small distances
+        # exact: the matrix-product path (used past 25 rows) loses small distances
+        distance = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist") ** 2
         xi = self.hp.alpha_k * torch.exp(-distance / self.hp.sigma) / self.hp.sigma
         xi = xi * (1 - torch.eye(len(at.clients), device=xi.device))
         xi = xi + torch.diag(1 - xi.sum(1))  # eq. 6: the rest of the weight stays with the client's own model

@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from algorithms.base import Method, Passes, Phase, variant
+from algorithms.base import Method, variant
 from algorithms.common import class_sums, weighted_mean
 from algorithms.optimizers import SGD
+from algorithms.rounds import Passes, Phase
 
 PROTOS, HAS, FIM = "as.protos", "as.has", "as.fim"
 ALIGN_BATCH = 16  # the reference's alignment loader
@@ -50,13 +51,19 @@ class FedAS(Method):
     source = "xiyuanyang45/FedAS (= PFLlib clientas.py)"
     Hparams = FedASHparams
     shared = ("body.",)
-    passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, trained_statistics=True, end_local=True)
+    passes = Passes(
+        statistics_before=True, begin_local=True, statistics_after=True, trained_statistics=True, end_local=True
+    )
     statistics_in_batches = True  # the trace sums over whole batches of the run's size
 
     def init_client(self, model):
         device, dtype = model[self.net.param_keys[0]].device, model[self.net.param_keys[0]].dtype
         c, d = self.training.num_classes, self.net.feature_dim
-        slots = {PROTOS: torch.zeros(c, d, dtype=dtype, device=device), HAS: torch.zeros(c, dtype=dtype, device=device), FIM: torch.zeros((), dtype=dtype, device=device)}
+        slots = {
+            PROTOS: torch.zeros(c, d, dtype=dtype, device=device),
+            HAS: torch.zeros(c, dtype=dtype, device=device),
+            FIM: torch.zeros((), dtype=dtype, device=device),
+        }
         return {**super().init_client(model), **slots}
 
     def broadcast(self, client, server, at):

@@ -15,7 +15,8 @@ from algorithms.base import Method
 
 @dataclass
 class FedBABUHparams:
-    ft_epochs: int = 10  # fine-tuning epochs of the whole model before evaluation (PFLlib's fine_tuning_steps; FedPAC states none)
+    # fine-tuning epochs of the whole model before evaluation (PFLlib's fine_tuning_steps; FedPAC states none)
+    ft_epochs: int = 10
 
 
 class FedBABU(Method):

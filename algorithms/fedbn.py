@@ -27,7 +27,9 @@ class FedBN(Method):
         norms = [name for name, m in net.module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self.local_norms = tuple(name + "." for name in norms)
         if not norms:
-            raise Unsupported("FedBN keeps batch-norm layers local and this backbone has none: run it with --set backbone=resnet18.")
+            raise Unsupported(
+                "FedBN keeps batch-norm layers local and this backbone has none: run it with --set backbone=resnet18."
+            )
 
     def is_shared(self, key):
         return super().is_shared(key) and not key.startswith(self.local_norms)

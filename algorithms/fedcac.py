@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms.base import Method, Passes, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.common import per_client, weighted_mean
+from algorithms.rounds import Passes
 
 START, MASK, CUSTOM = "cac.start.", "cac.mask.", "cac.custom."
 
@@ -65,10 +66,17 @@ class FedCAC(Method):
 
     def init_client(self, model):
         keys = self.net.param_keys
-        return {**super().init_client(model), **{START + k: model[k].clone() for k in keys}, **{MASK + k: torch.zeros_like(model[k]) for k in keys}}
+        return {
+            **super().init_client(model),
+            **{START + k: model[k].clone() for k in keys},
+            **{MASK + k: torch.zeros_like(model[k]) for k in keys},
+        }
 
     def init_server(self, model):
-        return {**super().init_server(model), **{CUSTOM + k: per_client(model[k], self.training.clients) for k in self.net.param_keys}}
+        return {
+            **super().init_server(model),
+            **{CUSTOM + k: per_client(model[k], self.training.clients) for k in self.net.param_keys},
+        }
 
     def broadcast(self, client, server, at):
         out = dict(client)

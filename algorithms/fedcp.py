@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.base import Method, Unsupported, variant
 from algorithms.common import DRAW_KEY, gumbel, mmd, prefixed, substate
+from algorithms.rounds import Passes
 
 
 @dataclass
@@ -64,7 +65,8 @@ class FedCP(Method):
         k = net.feature_dim
         device = next(net.module.parameters()).device
         self.policy_net = nn.Sequential(nn.Linear(k, 2 * k), nn.LayerNorm(2 * k), nn.ReLU()).to(device)
-        self.random_input = torch.randn(k).to(device)  # the CPN input when both vectors are ablated (drawn on the CPU: the same on every device)
+        # the CPN input when both vectors are ablated (drawn on the CPU: the same on every device)
+        self.random_input = torch.randn(k).to(device)
         # v_i reduces the head's first weight matrix (C x K, or the first layer of an MLP head) over its rows
         shapes = dict(net.module.named_parameters())
         self.head_weight = next(k for k in net.keys(("head.",)) if shapes[k].dim() == 2)
@@ -106,7 +108,8 @@ class FedCP(Method):
         return torch.softmax(a, dim=-1)  # eq. 4
 
     def _frozen(self, state, server):
-        """The frozen global model: the server's parameters; BatchNorm statistics on throwaway copies of the client's."""
+        """The frozen global model: the server's parameters; BatchNorm statistics on throwaway copies of the
+        client's."""
         return {**{k: state[k].clone() for k in self.net.buffer_keys}, **server}
 
     def _output(self, state, server, h):
@@ -114,7 +117,8 @@ class FedCP(Method):
             personal = self.net.head(state, h)
             return personal + self.net.head(self._frozen(state, server), h) if self.hp.gh else personal
         r, s = self._policy(state, h)
-        return self.net.head(self._frozen(state, server), r * h) + self.net.head(state, s * h)  # frozen global head + personal head
+        # frozen global head + personal head
+        return self.net.head(self._frozen(state, server), r * h) + self.net.head(state, s * h)
 
     def logits(self, state, server, x):
         return self._output(state, server, self.net.features(state, x))
@@ -123,7 +127,8 @@ class FedCP(Method):
         h = self.net.features(state, x)
         loss = F.cross_entropy(self._output(state, server, h), y)
         if self.hp.gfm:
-            loss = loss + self.hp.lam * mmd(h, self.net.features(self._frozen(state, server), x).detach())  # eq. 7: the frozen extractor
+            # eq. 7: the frozen extractor
+            loss = loss + self.hp.lam * mmd(h, self.net.features(self._frozen(state, server), x).detach())
         return loss
 
     def upload(self, client, server):

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.common import uniform
+from algorithms.rounds import Passes
 
 MIDDLEWARE = "cross.m."
 STATISTICS = "cross.s."  # the middleware models' batch-norm statistics: the initial model's, never changed
@@ -47,18 +48,27 @@ class FedCross(Method):
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
-        self.models = min(training.clients, max(1, round(training.participation_max * training.clients)))  # the largest cohort (tuner.draws.sample_cohort)
+        # the largest cohort (tuner.draws.sample_cohort)
+        self.models = min(training.clients, max(1, round(training.participation_max * training.clients)))
         if self.models < 2:
-            raise Unsupported("FedCross cross-aggregates the models of at least two clients a round: raise join_ratio or the number of clients.")
+            raise Unsupported(
+                "FedCross cross-aggregates the models of at least two clients a round: raise join_ratio or "
+                "the number of clients."
+            )
         self.entries = list(net.module.state_dict())  # state_dict's order: parameters and statistics, module by module
 
     def init_server(self, model):
-        middleware = {MIDDLEWARE + k: model[k].unsqueeze(0).repeat(self.models, *[1] * model[k].dim()).clone() for k in self.net.param_keys}
+        middleware = {
+            MIDDLEWARE + k: model[k].unsqueeze(0).repeat(self.models, *[1] * model[k].dim()).clone()
+            for k in self.net.param_keys
+        }
         return {**middleware, **{STATISTICS + k: model[k].clone() for k in self.net.buffer_keys}}
 
     def positions(self, at) -> torch.Tensor:
         """Which middleware each client of the round's group trains: its place in a keyed shuffle of the group."""
-        key = torch.tensor((self.training.seed * 1_000_003 + at.number) % 2**32, dtype=torch.int64, device=at.group.device)
+        key = torch.tensor(
+            (self.training.seed * 1_000_003 + at.number) % 2**32, dtype=torch.int64, device=at.group.device
+        )
         order = torch.argsort(uniform(key, (len(at.group),), torch.float64))
         return torch.argsort(order)  # the rank of each group member in the shuffle
 
@@ -74,7 +84,10 @@ class FedCross(Method):
         last pair once more (an even count) or nothing more (odd: the last entry alone was one term), as
         PFLlib's calculate_similarity."""
         k_models, dtype = len(next(iter(models.values()))), next(iter(models.values())).dtype
-        flat = {k: models[k].flatten(1) if k in models else statistics[k].to(dtype).flatten().expand(k_models, -1) for k in self.entries}
+        flat = {
+            k: models[k].flatten(1) if k in models else statistics[k].to(dtype).flatten().expand(k_models, -1)
+            for k in self.entries
+        }
         groups = [self.entries[i : i + 2] for i in range(0, len(self.entries), 2)]
         total = 0
         for group in groups + (groups[-1:] if len(self.entries) % 2 == 0 else []):

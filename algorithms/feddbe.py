@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import weighted_mean
+from algorithms.rounds import Passes
 
 BIAS, RUNNING = "dbe.bias", "dbe.running"
 GLOBAL_MEAN, READY = "dbe.global_mean", "dbe.ready"

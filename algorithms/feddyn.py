@@ -1,4 +1,5 @@
-"""FedDyn (Acar et al., ICLR 2021): dynamic regularization, so that the clients' stationary points agree with the global one.
+"""FedDyn (Acar et al., ICLR 2021): dynamic regularization, so that the clients' stationary points agree with the
+global one.
 
 Shared: the whole backbone. Personal: g_k ("dyn.grad."), the client's last local gradient ∇L_k(θ_k^{t−1}),
 zero at first. Server: θ and h ("dyn.h."), zero at first.
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
+from algorithms.rounds import Passes
 
 GRAD = "dyn.grad."  # g_k, per parameter
 H = "dyn.h."  # the server's h, per parameter
@@ -50,10 +52,16 @@ class FedDyn(Method):
     passes = Passes(end_local=True)
 
     def init_client(self, model):
-        return {**super().init_client(model), **{GRAD + k: model[k].new_zeros(model[k].shape) for k in self.net.param_keys}}
+        return {
+            **super().init_client(model),
+            **{GRAD + k: model[k].new_zeros(model[k].shape) for k in self.net.param_keys},
+        }
 
     def init_server(self, model):
-        return {**super().init_server(model), **{H + k: model[k].new_zeros(model[k].shape) for k in self.net.param_keys}}
+        return {
+            **super().init_server(model),
+            **{H + k: model[k].new_zeros(model[k].shape) for k in self.net.param_keys},
+        }
 
     def loss(self, state, server, x, y):
         keys = self.net.param_keys
@@ -66,5 +74,7 @@ class FedDyn(Method):
 
     def aggregate(self, server, uploads, at):
         keys = self.net.param_keys
-        h = {H + k: server[H + k] - self.hp.alpha * (uploads[k] - server[k]).sum(0) / self.training.clients for k in keys}
+        h = {
+            H + k: server[H + k] - self.hp.alpha * (uploads[k] - server[k]).sum(0) / self.training.clients for k in keys
+        }
         return {**server, **h, **{k: uploads[k].mean(0) - h[H + k] / self.hp.alpha for k in keys}}

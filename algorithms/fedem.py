@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes, variant
+from algorithms.base import Method, variant
+from algorithms.rounds import Passes
 
 MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 
@@ -32,8 +33,12 @@ MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 @dataclass
 class FedEMHparams:
     m: int = 3  # number of components
-    ft_epochs: int | None = 0  # fine-tuning epochs of the components before evaluation: 0 none (FedEM), None the run's local epochs (FedEM-FT)
-    ft_mix: Literal["uniform", "pi"] = "uniform"  # FedEM-FT's prediction: "uniform" 1/M (the authors' tuned ensemble) or "pi" (π_i)
+    ft_epochs: int | None = (
+        # fine-tuning epochs of the components before evaluation: 0 none (FedEM), None the run's local epochs (FedEM-FT)
+        0
+    )
+    # FedEM-FT's prediction: "uniform" 1/M (the authors' tuned ensemble) or "pi" (π_i)
+    ft_mix: Literal["uniform", "pi"] = "uniform"
 
 
 class FedEM(Method):
@@ -76,7 +81,9 @@ class FedEM(Method):
 
     def begin_local(self, client, server, stats, at):
         pi = stats["q"] / at.samples.clamp(min=1)  # E-step
-        frozen = {ESTEP + k: client[k].clone() for k in client if k.startswith(MODELS)}  # the E-step's components, through the M-step
+        frozen = {
+            ESTEP + k: client[k].clone() for k in client if k.startswith(MODELS)
+        }  # the E-step's components, through the M-step
         return {PI: pi, **frozen, ESTEP + PI: client[PI].clone()}
 
     def phases(self):
@@ -84,7 +91,8 @@ class FedEM(Method):
 
     def loss(self, state, server, x, y):
         with torch.no_grad():
-            q = self.responsibilities(state[ESTEP + PI], self.log_likelihoods(state, x, y, ESTEP + MODELS))  # the E-step's q
+            # the E-step's q
+            q = self.responsibilities(state[ESTEP + PI], self.log_likelihoods(state, x, y, ESTEP + MODELS))
         return -(q * self.log_likelihoods(state, x, y)).sum(0).mean()  # M-step: responsibility-weighted cross-entropy
 
     def logits(self, state, server, x):

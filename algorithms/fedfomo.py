@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import per_client
+from algorithms.rounds import Passes
 
 MODELS, AFFINITY, OLD = "fomo.models.", "fomo.affinity", "fomo.old."
 CHOSEN, WEIGHTS = "fomo.chosen", "fomo.weights"
@@ -61,12 +62,16 @@ class FedFomo(Method):
 
     def init_client(self, model):
         device = model[self.net.param_keys[0]].device
-        slots = {CHOSEN: torch.zeros(self.downloads, dtype=torch.long, device=device), WEIGHTS: torch.zeros(self.downloads, device=device)}
+        slots = {
+            CHOSEN: torch.zeros(self.downloads, dtype=torch.long, device=device),
+            WEIGHTS: torch.zeros(self.downloads, device=device),
+        }
         return {**super().init_client(model), **{OLD + k: model[k].clone() for k in self.net.param_keys}, **slots}
 
     def broadcast(self, client, server, at):
         n = server[AFFINITY].shape[0]
-        after = (torch.arange(n, device=at.clients.device) - at.clients) % n  # ties go to the next ids, the client itself first
+        # ties go to the next ids, the client itself first
+        after = (torch.arange(n, device=at.clients.device) - at.clients) % n
         chosen = torch.topk(server[AFFINITY][at.clients] - 1e-6 * after, self.downloads).indices
         return {**client, CHOSEN: chosen}
 
@@ -90,14 +95,25 @@ class FedFomo(Method):
         weight = raw.clamp(min=0)
         total = weight.sum()
         weight = weight / total.clamp(min=1e-12)
-        combined = {k: torch.where(total > 0, torch.tensordot(weight, others[k], dims=1), client[k]) for k in keys}  # eq. 4
-        return {**combined, **{OLD + k: combined[k].clone() for k in keys}, WEIGHTS: raw}  # a copy: aliased outputs share storage
+        combined = {
+            k: torch.where(total > 0, torch.tensordot(weight, others[k], dims=1), client[k]) for k in keys
+        }  # eq. 4
+        return {
+            **combined,
+            **{OLD + k: combined[k].clone() for k in keys},
+            WEIGHTS: raw,
+        }  # a copy: aliased outputs share storage
 
     def upload(self, client, server):
         return {**{k: client[k] for k in self.net.param_keys}, CHOSEN: client[CHOSEN], WEIGHTS: client[WEIGHTS]}
 
     def aggregate(self, server, uploads, at):
-        out = {**server, **{MODELS + k: server[MODELS + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys}}
+        out = {
+            **server,
+            **{MODELS + k: server[MODELS + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys},
+        }
         rows = at.clients[:, None].expand_as(uploads[CHOSEN])
-        out[AFFINITY] = server[AFFINITY].index_put((rows, uploads[CHOSEN]), uploads[WEIGHTS].to(server[AFFINITY].dtype), accumulate=True)
+        out[AFFINITY] = server[AFFINITY].index_put(
+            (rows, uploads[CHOSEN]), uploads[WEIGHTS].to(server[AFFINITY].dtype), accumulate=True
+        )
         return out

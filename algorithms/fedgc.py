@@ -1,4 +1,5 @@
-"""FedGC (Niu & Deng, AAAI 2022): federated learning with gradient correction of the class embeddings (face recognition's
+"""FedGC (Niu & Deng, AAAI 2022): federated learning with gradient correction of the class embeddings (face
+recognition's
 softmax over each client's own classes, the missing negatives supplied on the server).
 
 Shared: the body (FedAvg). Personal: a bias-free head over the client's own classes ("gc.head", rows of
@@ -26,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import label_counts, per_client, weighted_mean
+from algorithms.rounds import Passes
 
 HEAD, HOLDS = "gc.head", "gc.holds"
 HEADS, KNOWN = "gc.heads", "gc.known"  # the server's copy of every client's head and classes
@@ -50,16 +52,25 @@ class FedGC(Method):
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
         device = next(net.module.parameters()).device
-        self.head = nn.Linear(net.feature_dim, training.num_classes, bias=False).to(device)  # drawn with the backbone, under the run's seed
+        # drawn with the backbone, under the run's seed
+        self.head = nn.Linear(net.feature_dim, training.num_classes, bias=False).to(device)
 
     def init_client(self, model):
         head = self.head.weight.detach().clone()
-        return {**super().init_client(model), HEAD: head, HOLDS: torch.zeros(head.shape[0], dtype=head.dtype, device=head.device)}
+        return {
+            **super().init_client(model),
+            HEAD: head,
+            HOLDS: torch.zeros(head.shape[0], dtype=head.dtype, device=head.device),
+        }
 
     def init_server(self, model):
         head = self.head.weight.detach()
         n = self.training.clients
-        return {**super().init_server(model), HEADS: per_client(head, n), KNOWN: torch.zeros(n, head.shape[0], dtype=head.dtype, device=head.device)}
+        return {
+            **super().init_server(model),
+            HEADS: per_client(head, n),
+            KNOWN: torch.zeros(n, head.shape[0], dtype=head.dtype, device=head.device),
+        }
 
     def statistics(self, state, server, x, y, w):
         return {"labels": label_counts(y, w, self.training.num_classes)}

@@ -57,13 +57,18 @@ class FedGen(Method):
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
         device = next(net.module.parameters()).device
-        self.generator = Generator(self.hp.noise_dim, training.num_classes, self.hp.hidden_dim, net.feature_dim).to(device)
+        self.generator = Generator(self.hp.noise_dim, training.num_classes, self.hp.hidden_dim, net.feature_dim).to(
+            device
+        )
         counts = torch.tensor(training.class_counts or [1] * training.num_classes, dtype=torch.float64)
-        self.label_cdf = (counts.cumsum(0) / counts.sum())[:-1].tolist()  # draws ỹ by the federation's label frequencies
+        # draws ỹ by the federation's label frequencies
+        self.label_cdf = (counts.cumsum(0) / counts.sum())[:-1].tolist()
 
     def init_server(self, model):
         gen = prefixed(self.generator, GEN)
-        adam = {ADAM + "m." + k: torch.zeros_like(v) for k, v in gen.items()} | {ADAM + "v." + k: torch.zeros_like(v) for k, v in gen.items()}
+        adam = {ADAM + "m." + k: torch.zeros_like(v) for k, v in gen.items()} | {
+            ADAM + "v." + k: torch.zeros_like(v) for k, v in gen.items()
+        }
         return {**super().init_server(model), **gen, **adam, ADAM + "step": torch.zeros((), dtype=torch.float64)}
 
     def generate(self, gen, key, count):
@@ -83,7 +88,9 @@ class FedGen(Method):
 
     def aggregate(self, server, uploads, at):
         heads = {k: v for k, v in uploads.items() if k.startswith("head.")}
-        statistics = {k: v for k, v in self.net.initial_state().items() if k.startswith("head.") and self.net.is_buffer(k)}
+        statistics = {
+            k: v for k, v in self.net.initial_state().items() if k.startswith("head.") and self.net.is_buffer(k)
+        }
         w = (at.samples / at.samples.sum()).to(uploads[self.net.param_keys[0]].dtype)
         self.net.module.eval()  # the uploaded heads predict as in evaluation (batch norm: initial statistics)
 

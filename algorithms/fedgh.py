@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import class_sums, uniform
+from algorithms.rounds import Passes
 
 SUM, COUNT = "gh.sum", "gh.count"
 
@@ -45,7 +46,11 @@ class FedGH(Method):
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.net.param_keys[0]].device
-        return {**super().init_client(model), SUM: torch.zeros(c, k, device=device), COUNT: torch.zeros(c, device=device)}
+        return {
+            **super().init_client(model),
+            SUM: torch.zeros(c, k, device=device),
+            COUNT: torch.zeros(c, device=device),
+        }
 
     def statistics(self, state, server, x, y, w):
         return class_sums(self.net.features(state, x), y, w, self.training.num_classes)
@@ -62,7 +67,9 @@ class FedGH(Method):
         labels = torch.arange(self.training.num_classes, device=held.device).repeat(uploads[COUNT].shape[0])[held]
         key = torch.tensor((self.training.seed * 1_000_003 + at.number) % 2**32, dtype=torch.int64, device=held.device)
         order = torch.argsort(uniform(key, (len(labels),), protos.dtype))
-        statistics = {k: v for k, v in self.net.initial_state().items() if k.startswith("head.") and self.net.is_buffer(k)}
+        statistics = {
+            k: v for k, v in self.net.initial_state().items() if k.startswith("head.") and self.net.is_buffer(k)
+        }
         head = {k: v for k, v in server.items() if k.startswith("head.")}
         self.net.module.eval()  # batch norm in the head normalizes by its initial statistics (docstring)
 

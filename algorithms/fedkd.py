@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from torch import nn
 
 from algorithms.base import Method
@@ -64,13 +63,17 @@ class FedKD(Method):
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
         device = next(net.module.parameters()).device
-        self.w_h = nn.Linear(net.feature_dim, net.feature_dim, bias=False).to(device)  # drawn with the backbone, under the run's seed
+        # drawn with the backbone, under the run's seed
+        self.w_h = nn.Linear(net.feature_dim, net.feature_dim, bias=False).to(device)
 
     def init_client(self, model):
         return {**super().init_client(model), **self.net.copy(model, STUDENT), W: self.w_h.weight.detach().clone()}
 
     def init_server(self, model):
-        return {**super().init_server(model), ENERGY: torch.tensor(float(self.hp.t_start), device=model[self.net.param_keys[0]].device)}
+        return {
+            **super().init_server(model),
+            ENERGY: torch.tensor(float(self.hp.t_start), device=model[self.net.param_keys[0]].device),
+        }
 
     def phases(self):
         groups = (("body.", "head."), (STUDENT,), (W,))  # the teacher, the student, W_h
@@ -80,7 +83,10 @@ class FedKD(Method):
         f_t, f_s = self.net.features(state, x), self.net.features(state, x, STUDENT + "body.")
         z_t, z_s = self.net.head(state, f_t), self.net.head(state, f_s, STUDENT + "head.")
         ce_t, ce_s = F.cross_entropy(z_t, y), F.cross_entropy(z_s, y)
-        kl = (F.kl_div(F.log_softmax(z_t, 1), F.softmax(z_s, 1), reduction="sum") + F.kl_div(F.log_softmax(z_s, 1), F.softmax(z_t, 1), reduction="sum")) / z_t.numel()
+        kl = (
+            F.kl_div(F.log_softmax(z_t, 1), F.softmax(z_s, 1), reduction="sum")
+            + F.kl_div(F.log_softmax(z_s, 1), F.softmax(z_t, 1), reduction="sum")
+        ) / z_t.numel()
         hidden = F.mse_loss(f_t, f_s @ state[W].T)
         return ce_t + ce_s + (kl + 2 * hidden) / (ce_t + ce_s)
 
@@ -89,5 +95,10 @@ class FedKD(Method):
 
     def aggregate(self, server, uploads, at):
         mean = {k: v.mean(0) for k, v in uploads.items()}  # a plain mean, as PFLlib's FedKD server
-        after = self.hp.t_start + at.number / self.training.rounds * (self.hp.t_end - self.hp.t_start)  # the next round's share
-        return {**server, **{k: truncated(v, server[ENERGY]) for k, v in mean.items()}, ENERGY: torch.full_like(server[ENERGY], after)}
+        # the next round's share
+        after = self.hp.t_start + at.number / self.training.rounds * (self.hp.t_end - self.hp.t_start)
+        return {
+            **server,
+            **{k: truncated(v, server[ENERGY]) for k, v in mean.items()},
+            ENERGY: torch.full_like(server[ENERGY], after),
+        }

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import label_counts
+from algorithms.rounds import Passes
 
 COUNTS = "lc.counts"
 ABSENT = 1e-8  # the count a class the client lacks takes (FL-bench)
@@ -70,4 +71,3 @@ class FedLCPfllib(FedLC):
     def begin_local(self, client, server, stats, at):
         counts = torch.tensor(self.training.class_counts, dtype=client[COUNTS].dtype, device=client[COUNTS].device)
         return {COUNTS: counts}
-

@@ -44,13 +44,19 @@ class FedMTL(Method):
         self.pfllib_scale = 10.0 ** -(int(math.log10(size) + 1) + 1)
 
     def init_client(self, model):
-        return {**super().init_client(model), **{OTHERS + k: model[k] * (self.training.clients - 1) for k in self.net.param_keys}}
+        return {
+            **super().init_client(model),
+            **{OTHERS + k: model[k] * (self.training.clients - 1) for k in self.net.param_keys},
+        }
 
     def init_server(self, model):
         return {MODELS + k: per_client(model[k], self.training.clients) for k in self.net.param_keys}
 
     def broadcast(self, client, server, at):
-        return {**client, **{OTHERS + k: server[MODELS + k].sum(0) - server[MODELS + k][at.clients] for k in self.net.param_keys}}
+        return {
+            **client,
+            **{OTHERS + k: server[MODELS + k].sum(0) - server[MODELS + k][at.clients] for k in self.net.param_keys},
+        }
 
     def loss(self, state, server, x, y):
         omega = 1 - 1 / self.training.clients
@@ -63,4 +69,7 @@ class FedMTL(Method):
         return {k: client[k] for k in self.net.param_keys}
 
     def aggregate(self, server, uploads, at):
-        return {**server, **{MODELS + k: server[MODELS + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys}}
+        return {
+            **server,
+            **{MODELS + k: server[MODELS + k].index_put((at.clients,), uploads[k]) for k in self.net.param_keys},
+        }

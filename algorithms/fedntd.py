@@ -50,6 +50,7 @@ class FedNTD(Method):
 
     def loss(self, state, server, x, y):
         logits = self.net.logits(state, x)
-        received = self.net.predict({**state, **server}, x).detach()  # the global model of this round, frozen, in eval mode
+        # the global model of this round, frozen, in eval mode
+        received = self.net.predict({**state, **server}, x).detach()
         distillation = self.hp.tau**2 * not_true_kl(logits, received, y, self.hp.tau)  # τ² as both references
         return F.cross_entropy(logits, y) + self.hp.beta * distillation  # eq. 5

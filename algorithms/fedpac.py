@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes, Unsupported, variant
-from algorithms.common import is_on
-from algorithms.common import cross_entropy, per_client, weighted_mean
+from algorithms.base import Method, Unsupported, variant
+from algorithms.common import cross_entropy, is_on, per_client, weighted_mean
+from algorithms.rounds import Passes
 
 COMBINE = ("qp", "protoweights", "none")
 SMALL_WEIGHT = 1e-3  # the reference implementations' cut-off
@@ -68,7 +68,9 @@ class SimplexQPs:
         self.quadratic = cp.Parameter((m, m), PSD=True)
         self.linear = cp.Parameter((m, m))
         self.alpha = cp.Variable((m, m), nonneg=True)  # row i: client i's weights
-        objective = sum(cp.quad_form(self.alpha[i], self.quadratic) for i in range(m)) - 2 * cp.sum(cp.multiply(self.linear, self.alpha))
+        objective = sum(cp.quad_form(self.alpha[i], self.quadratic) for i in range(m)) - 2 * cp.sum(
+            cp.multiply(self.linear, self.alpha)
+        )
         self.problem = cp.Problem(cp.Minimize(objective), [cp.sum(self.alpha, axis=1) == 1])
 
     def solve(self, quadratic: np.ndarray, linear: np.ndarray) -> np.ndarray:
@@ -101,7 +103,13 @@ class FedPAC(Method):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.head_keys[0]].device
         zeros = lambda *shape: torch.zeros(*shape, device=device)  # noqa: E731
-        return {**super().init_client(model), "pac.h": zeros(c, k), "pac.v": zeros(()), "pac.sum": zeros(c, k), "pac.count": zeros(c)}
+        return {
+            **super().init_client(model),
+            "pac.h": zeros(c, k),
+            "pac.v": zeros(()),
+            "pac.sum": zeros(c, k),
+            "pac.count": zeros(c),
+        }
 
     def init_server(self, model):
         c, k = self.training.num_classes, self.net.feature_dim

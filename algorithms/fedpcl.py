@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import class_sums
+from algorithms.rounds import Passes
 
 SUM, COUNT = "pcl.sum", "pcl.count"
 GLOBAL, HAS = "pcl.global", "pcl.has"  # G (C, K) and which classes it holds
@@ -50,11 +51,21 @@ class FedPCL(Method):
 
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
-        return {**super().init_client(model), SUM: self._zeros(model, c, k), COUNT: self._zeros(model, c), OWN: self._zeros(model, c, k)}
+        return {
+            **super().init_client(model),
+            SUM: self._zeros(model, c, k),
+            COUNT: self._zeros(model, c),
+            OWN: self._zeros(model, c, k),
+        }
 
     def init_server(self, model):
         n, c, k = self.training.clients, self.training.num_classes, self.net.feature_dim
-        return {GLOBAL: self._zeros(model, c, k), HAS: self._zeros(model, c), CLIENTS: self._zeros(model, n, c, k), FILLED: self._zeros(model, n, c)}
+        return {
+            GLOBAL: self._zeros(model, c, k),
+            HAS: self._zeros(model, c),
+            CLIENTS: self._zeros(model, n, c, k),
+            FILLED: self._zeros(model, n, c),
+        }
 
     def phases(self):
         return [self.sgd(("body.",), clip=10.0)]
@@ -64,7 +75,8 @@ class FedPCL(Method):
 
     def loss(self, state, server, x, y):
         z, has = self._z(state, x), server[HAS]
-        absent = -1e9 * (1 - has)  # a class without a prototype anywhere is left out of the softmax (finite: no NaN gradient)
+        # a class without a prototype anywhere is left out of the softmax (finite: no NaN gradient)
+        absent = -1e9 * (1 - has)
         weight = has[y]  # ... and a sample of such a class adds nothing; before any prototype, nothing trains
 
         def contrast(protos):  # CE(z·Pᵀ/τ, y), per sample
@@ -88,7 +100,9 @@ class FedPCL(Method):
         local = uploads[SUM] / uploads[COUNT].clamp(min=1)[..., None]
         clients = holds.sum(0)
         fresh = clients > 0
-        glob = torch.where(fresh[:, None], (local * holds[..., None]).sum(0) / clients.clamp(min=1)[:, None], server[GLOBAL])
+        glob = torch.where(
+            fresh[:, None], (local * holds[..., None]).sum(0) / clients.clamp(min=1)[:, None], server[GLOBAL]
+        )
         has = torch.maximum(server[HAS], fresh.to(clients.dtype))
         protos, filled = server[CLIENTS].clone(), server[FILLED].clone()
         protos[at.clients], filled[at.clients] = local, holds  # the cohort's prototypes replace their last ones
@@ -101,4 +115,5 @@ class FedPCL(Method):
         return {**client, OWN: server[CLIENTS][at.clients]}
 
     def logits(self, state, server, x):
-        return self._z(state, x) @ state[OWN].T - 1e9 * (1 - server[HAS])  # a class without a prototype is never predicted
+        # a class without a prototype is never predicted
+        return self._z(state, x) @ state[OWN].T - 1e9 * (1 - server[HAS])

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import mmd
+from algorithms.rounds import Passes
 
 PRIVATE, TEACHER, COUNT = "php.private.", "php.teacher.", "php.count"
 
@@ -48,7 +49,11 @@ class FedPHP(Method):
     teacher_prefix = PRIVATE  # the HPM teaches
 
     def init_client(self, model):
-        return {**super().init_client(model), **self.net.copy(model, PRIVATE), COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device)}
+        return {
+            **super().init_client(model),
+            **self.net.copy(model, PRIVATE),
+            COUNT: torch.zeros((), device=model[self.net.param_keys[0]].device),
+        }
 
     def loss(self, state, server, x, y):
         f = self.net.features(state, x)
@@ -57,8 +62,10 @@ class FedPHP(Method):
 
     def end_local(self, client, server, stats, at):
         t = self.training
-        mu = torch.clamp(self.hp.mu * client[COUNT] / max(1.0, t.participation * t.rounds), max=self.hp.mu)  # generate_mu
-        floats = [k for k in self.net.param_keys + self.net.buffer_keys if client[k].is_floating_point()]  # BatchNorm statistics too
+        # generate_mu
+        mu = torch.clamp(self.hp.mu * client[COUNT] / max(1.0, t.participation * t.rounds), max=self.hp.mu)
+        # BatchNorm statistics too
+        floats = [k for k in self.net.param_keys + self.net.buffer_keys if client[k].is_floating_point()]
         inherited = {PRIVATE + k: mu * client[PRIVATE + k] + (1 - mu) * client[k] for k in floats}  # update_hpm
         return {**client, **inherited, COUNT: client[COUNT] + 1}
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import class_sums
+from algorithms.rounds import Passes
 
 SUM, COUNT = "proto.sum", "proto.count"
 PROTOS, HAS = "proto.global", "proto.has"
@@ -38,7 +39,11 @@ class FedProto(Method):
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
         device = model[self.net.param_keys[0]].device
-        return {**super().init_client(model), SUM: torch.zeros(c, k, device=device), COUNT: torch.zeros(c, device=device)}
+        return {
+            **super().init_client(model),
+            SUM: torch.zeros(c, k, device=device),
+            COUNT: torch.zeros(c, device=device),
+        }
 
     def init_server(self, model):
         c, k = self.training.num_classes, self.net.feature_dim
@@ -63,7 +68,10 @@ class FedProto(Method):
         count = uploads[COUNT].sum(0)
         protos = uploads[SUM].sum(0) / count.clamp(min=1)[:, None]  # eq. 6, weighted by class counts
         has = count > 0
-        return {PROTOS: torch.where(has[:, None], protos, server[PROTOS]), HAS: torch.maximum(server[HAS], has.to(count.dtype))}
+        return {
+            PROTOS: torch.where(has[:, None], protos, server[PROTOS]),
+            HAS: torch.maximum(server[HAS], has.to(count.dtype)),
+        }
 
     def logits(self, state, server, x):
         f = self.net.features(state, x)

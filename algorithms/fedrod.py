@@ -9,8 +9,9 @@ Upload: body and g. Server: sample-weighted mean. Prediction: g(z) + p_i(z).
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import label_counts
+from algorithms.rounds import Passes
 
 PERSONAL = "rod."
 PRIOR = "rod.log_prior"

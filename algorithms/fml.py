@@ -31,7 +31,12 @@ class FMLHparams:
 
 def kl(teacher_logits, student_logits):
     """KL(p_teacher ‖ p_student) per sample, batch mean; the teacher held fixed."""
-    return F.kl_div(F.log_softmax(student_logits, -1), F.log_softmax(teacher_logits.detach(), -1), reduction="batchmean", log_target=True)
+    return F.kl_div(
+        F.log_softmax(student_logits, -1),
+        F.log_softmax(teacher_logits.detach(), -1),
+        reduction="batchmean",
+        log_target=True,
+    )
 
 
 class FML(Method):

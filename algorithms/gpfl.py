@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, Passes, variant
+from algorithms.base import Method, variant
 from algorithms.common import label_counts, prefixed, substate
+from algorithms.rounds import Passes
 
 
 @dataclass
@@ -78,10 +79,15 @@ class GPFL(Method):
         device = next(net.module.parameters()).device
         self.valve = ConditionalValve(k).to(device)
         self.embeddings = nn.Embedding(u, k).to(device)
-        self.constants = torch.randn(2, k).to(device)  # a and b of the ablations, identical across clients (drawn on the CPU: the same on every device)
+        # a and b of the ablations, identical across clients (drawn on the CPU: the same on every device)
+        self.constants = torch.randn(2, k).to(device)
 
     def init_client(self, model):
-        state = {**super().init_client(model), **prefixed(self.valve, "cov."), "gpfl.alpha": torch.zeros(self.training.num_classes)}
+        state = {
+            **super().init_client(model),
+            **prefixed(self.valve, "cov."),
+            "gpfl.alpha": torch.zeros(self.training.num_classes),
+        }
         if self.hp.gce:
             state |= prefixed(self.embeddings, "gce.")
         return {k: v.to(self.constants.device) for k, v in state.items()}
@@ -135,7 +141,11 @@ class GPFL(Method):
 
     def _norms(self, valve_params, emb_params):
         """μ‖V‖₂ + μ‖C‖₂ (eq. 11)."""
-        return sum(self.hp.mu * torch.sqrt(sum((p**2).sum() for p in params)) for params in (valve_params, emb_params) if params)
+        return sum(
+            self.hp.mu * torch.sqrt(sum((p**2).sum() for p in params))
+            for params in (valve_params, emb_params)
+            if params
+        )
 
 
 class GPFLPfllib(GPFL):
@@ -153,7 +163,8 @@ class GPFLPfllib(GPFL):
 
     def broadcast(self, client, server, at):
         out = super().broadcast(client, server, at)
-        if self.hp.gce and at.number > 1:  # set_GCE: the conditions come from the client's embeddings about to be replaced
+        # set_GCE: the conditions come from the client's embeddings about to be replaced
+        if self.hp.gce and at.number > 1:
             out["gpfl.cond_gce"] = client["gce.weight"]
         return out
 

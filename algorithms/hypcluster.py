@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Passes, variant
+from algorithms.base import Method, variant
 from algorithms.common import substate
+from algorithms.rounds import Passes
 
 MODELS, CHOICE = "hyp.model.", "hyp.choice"
 
@@ -70,7 +71,10 @@ class HypCluster(Method):
 
     def logits(self, state, server, x):
         chosen = state[CHOICE].sum()  # 1 once the client has chosen, 0 before
-        model = {k: torch.tensordot(state[CHOICE], server[MODELS + k], dims=1) + (1 - chosen) * state[k] for k in self.net.param_keys}
+        model = {
+            k: torch.tensordot(state[CHOICE], server[MODELS + k], dims=1) + (1 - chosen) * state[k]
+            for k in self.net.param_keys
+        }
         return self.net.logits({**state, **model}, x)
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes, Unsupported, variant
+from algorithms.base import Method, Unsupported, variant
+from algorithms.rounds import Passes
 
 KEYS, LABELS, MASK = "knn.keys", "knn.labels", "knn.mask"
 LAMBDA_GRID = (0.5, 0.6, 0.7, 0.8)  # FedPAC Appendix B.3's grid for the interpolation
@@ -42,9 +43,11 @@ FAR = 1e30  # the squared distance of what can never be a neighbour (padding, th
 @dataclass
 class KNNPerHparams:
     k: int = 7  # neighbours (the original scripts')
-    lam: float | None = None  # λ, the kNN model's share; None: each client's best of LAMBDA_GRID, left-one-out on its datastore
+    # λ, the kNN model's share; None: each client's best of LAMBDA_GRID, left-one-out on its datastore
+    lam: float | None = None
     temperature: float = 1.0  # T, the kernel's scale over −d² / D (the original code's `scale`)
-    mix: str = "probabilities"  # the model's output mixed in: its probabilities (eq. 4) or its logits (the original scripts)
+    # the model's output mixed in: its probabilities (eq. 4) or its logits (the original scripts)
+    mix: str = "probabilities"
 
     def __post_init__(self):
         if self.mix not in MIXES:
@@ -89,7 +92,8 @@ class KNNPer(Method):
     def logits(self, state, server, x):
         f = self.net.features(state, x)
         lam = self.chosen_lambda(state) if self.hp.lam is None else self.hp.lam
-        mixed = lam * self.knn(f, state, FAR * (1 - state[MASK])[None]) + (1 - lam) * self.model_output(state, f)  # eq. 4
+        # eq. 4
+        mixed = lam * self.knn(f, state, FAR * (1 - state[MASK])[None]) + (1 - lam) * self.model_output(state, f)
         return mixed if self.hp.mix == "logits" else torch.log(mixed + 1e-12)
 
 

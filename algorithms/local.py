@@ -4,7 +4,8 @@ Shared: nothing. Personal: the whole backbone.
 Local loss: cross-entropy. Upload: nothing. Prediction: the client's own model.
 """
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
+from algorithms.rounds import Passes
 
 
 class Local(Method):

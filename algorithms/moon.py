@@ -2,7 +2,8 @@
 
 Shared: the whole backbone. Personal: the client's previous local model ("moon.prev."), at first the
 initial model.
-Local loss (eqs. 2-3): CE + μ · ℓ_con, ℓ_con = −log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) ),
+Local loss (eqs. 2-3): CE + μ · ℓ_con, ℓ_con = −log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z,
+z_prev)/τ}) ),
 z, z_glob, z_prev the representations of x under the local model being trained, the received global
 model and the client's previous local model (both frozen), sim the cosine similarity.
 After training: the previous model ← the model just trained. Upload / server / prediction: as FedAvg.
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
+from algorithms.rounds import Passes
 
 PREVIOUS = "moon.prev."
 
@@ -49,7 +51,9 @@ class MOON(Method):
 
     def loss(self, state, server, x, y):
         z = self.net.features(state, x)
-        statistics = {k: state[k].clone() for k in self.net.buffer_keys}  # the global model's forward moves these, not the client's
+        statistics = {
+            k: state[k].clone() for k in self.net.buffer_keys
+        }  # the global model's forward moves these, not the client's
         z_global = self.net.features({**state, **server, **statistics}, x).detach()  # frozen
         z_previous = self.net.features(state, x, PREVIOUS + "body.").detach()
         agree = F.cosine_similarity(z, z_global, dim=-1) / self.hp.tau

@@ -21,7 +21,8 @@ class Net:
         self.param_keys = [k for k, _ in backbone.named_parameters()]
         self.buffer_keys = [k for k, _ in backbone.named_buffers()]
         self._local = {
-            part: [k for k, _ in getattr(backbone, part).named_parameters()] + [k for k, _ in getattr(backbone, part).named_buffers()]
+            part: [k for k, _ in getattr(backbone, part).named_parameters()]
+            + [k for k, _ in getattr(backbone, part).named_buffers()]
             for part in ("body", "head")
         }
         # The backbone in eval mode, whatever mode the engine's pass is in (`predict`): every tensor it reads is
@@ -31,7 +32,9 @@ class Net:
     def initial_state(self) -> State:
         return {k: v.detach().clone() for k, v in self.module.state_dict(keep_vars=True).items()}
 
-    def _call(self, part: str, state: State, prefix: str, inp: torch.Tensor, module: nn.Module | None = None) -> torch.Tensor:
+    def _call(
+        self, part: str, state: State, prefix: str, inp: torch.Tensor, module: nn.Module | None = None
+    ) -> torch.Tensor:
         tensors = {k: state[prefix + k] for k in self._local[part]}
         return functional_call(getattr(module or self.module, part), tensors, (inp,))
 
@@ -42,7 +45,8 @@ class Net:
         return self._call("head", state, prefix, h)
 
     def is_buffer(self, key: str) -> bool:
-        """BatchNorm statistics, of the backbone or of a copy of it under another prefix ("global.body.bn1.running_mean")."""
+        """BatchNorm statistics, of the backbone or of a copy of it under another prefix
+        ("global.body.bn1.running_mean")."""
         return key.endswith(tuple(self.buffer_keys))
 
     def logits(self, state: State, x: torch.Tensor, prefix: str = "") -> torch.Tensor:

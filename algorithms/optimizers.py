@@ -27,7 +27,11 @@ class SGD:
     plain: tuple[str, ...] = ()  # prefixes of tensors stepped by the plain gradient
 
     def init(self, params: State) -> State:
-        return {k: torch.zeros_like(v) for k, v in params.items() if not k.startswith(self.plain)} if is_on(self.momentum) else {}
+        return (
+            {k: torch.zeros_like(v) for k, v in params.items() if not k.startswith(self.plain)}
+            if is_on(self.momentum)
+            else {}
+        )
 
     def step(self, params: State, grads: State, state: State) -> None:
         keys = list(params)
@@ -41,13 +45,18 @@ class SGD:
             torch._foreach_mul_(buf, self.momentum)
             torch._foreach_add_(buf, d)
             d = buf
-        direction = {**{k: grads[k] for k in keys}, **dict(zip(held, d))}
-        groups: dict[str, list[str]] = {}  # keyed by prefix, never by the lr itself: a compiled step guards on what it reads
+        direction = {**{k: grads[k] for k in keys}, **dict(zip(held, d, strict=True))}
+        # keyed by prefix, never by the lr itself: a compiled step guards on what it reads
+        groups: dict[str, list[str]] = {}
         for key in keys:
-            groups.setdefault(next((prefix for prefix, _ in self.group_lrs if key.startswith(prefix)), ""), []).append(key)
+            groups.setdefault(next((prefix for prefix, _ in self.group_lrs if key.startswith(prefix)), ""), []).append(
+                key
+            )
         lrs = dict(self.group_lrs)
         for prefix, group in groups.items():  # one fused update per learning rate
-            torch._foreach_sub_([params[k] for k in group], torch._foreach_mul([direction[k] for k in group], lrs.get(prefix, self.lr)))
+            torch._foreach_sub_(
+                [params[k] for k in group], torch._foreach_mul([direction[k] for k in group], lrs.get(prefix, self.lr))
+            )
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,10 @@ class Adam:
     tau: Number = 1e-3
 
     def init(self, params: State) -> State:
-        return {**{"m." + k: torch.zeros_like(v) for k, v in params.items()}, **{"v." + k: torch.zeros_like(v) + self.tau**2 for k, v in params.items()}}
+        return {
+            **{"m." + k: torch.zeros_like(v) for k, v in params.items()},
+            **{"v." + k: torch.zeros_like(v) + self.tau**2 for k, v in params.items()},
+        }
 
     def step(self, params: State, grads: State, state: State) -> None:
         for k, p in params.items():

@@ -27,8 +27,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from algorithms.base import Method, Unsupported
-from algorithms.optimizers import SGD
 from algorithms.common import prefixed, substate
+from algorithms.optimizers import SGD
 
 HN, MOMENTUM = "hn.", "hn_momentum."
 MAX_GRAD_NORM = 50.0  # the reference's clip of the hypernetwork's gradient
@@ -69,8 +69,11 @@ class PFedHN(Method):
         super().__init__(net, training, hp)
         weights = self.hp.hidden * sum(p.numel() for p in net.module.parameters())
         if weights > MAX_HEAD_WEIGHTS:
-            raise Unsupported(f"pFedHN's hypernetwork would need {weights / 1e6:.0f} million weights (one linear head of width "
-                              f"{self.hp.hidden} per tensor of this backbone); use a small backbone such as the papers' CNNs, or a smaller hidden.")  # fmt: skip
+            raise Unsupported(
+                f"pFedHN's hypernetwork would need {weights / 1e6:.0f} million weights (one linear head of width "
+                f"{self.hp.hidden} per tensor of this backbone); use a small backbone such as the papers' "
+                "CNNs, or a smaller hidden."
+            )
         with torch.device("meta"):  # its structure only: φ lives in the server's state, drawn in init_server
             self.hypernetwork = self.build()
 
@@ -95,7 +98,10 @@ class PFedHN(Method):
 
     def aggregate(self, server, uploads, at):
         phi = substate(server, HN)
-        delta = {k: (vmap(lambda i: self.generate(server, i))(at.clients)[k] - uploads[k]).detach() for k in self.net.param_keys}
+        delta = {
+            k: (vmap(lambda i: self.generate(server, i))(at.clients)[k] - uploads[k]).detach()
+            for k in self.net.param_keys
+        }
 
         def surrogate(p):  # its gradient: (∂θ_i/∂φ)ᵀ Δθ_i (one client: the engine runs pFedHN serially)
             generated = vmap(lambda i: functional_call(self.hypernetwork, p, (i,)))(at.clients)

@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 import torch.nn.functional as F
 from torch.func import grad
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.optimizers import SGD
+from algorithms.rounds import Passes
 
 PERSONAL = "me."
 TRAINED = "trained."  # pfedme-official: w_i as local training left it
@@ -110,7 +111,9 @@ class PFedMeOfficial(PFedMe):
 
     def end_local(self, client, server, stats, at):
         params = {TRAINED + k: client[k].clone() for k in self.net.param_keys}
-        return params | {TRAINED + k: client[PERSONAL + k].clone() for k in self.net.buffer_keys}  # θ's statistics (docstring)
+        return params | {
+            TRAINED + k: client[PERSONAL + k].clone() for k in self.net.buffer_keys
+        }  # θ's statistics (docstring)
 
     def logits(self, state, server, x):
         return self.net.logits(state, x, TRAINED)

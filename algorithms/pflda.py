@@ -43,7 +43,9 @@ class PFLDA(Method):
         return [self.sgd(("head.",), loss=self.head_loss), self.sgd(("body.", GLOBAL_HEAD), loss=self.body_loss)]
 
     def head_loss(self, state, server, x, y):
-        gap = torch.cat([(state[k] - state[GLOBAL_HEAD + k.removeprefix("head.")]).flatten() for k in self.net.keys(("head.",))])
+        gap = torch.cat(
+            [(state[k] - state[GLOBAL_HEAD + k.removeprefix("head.")]).flatten() for k in self.net.keys(("head.",))]
+        )
         pull = torch.linalg.vector_norm(gap)  # ‖head − ghead‖₂ (its gradient at 0, where both start, is 0)
         return F.cross_entropy(self.net.logits(state, x), y) + self.hp.lam * pull
 

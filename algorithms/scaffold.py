@@ -17,8 +17,9 @@ Prediction: the global model.
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Passes
+from algorithms.base import Method
 from algorithms.common import weighted_mean
+from algorithms.rounds import Passes
 
 C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
 

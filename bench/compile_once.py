@@ -34,8 +34,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
-SMALL = dict(method="gpfl", dataset="digits", partition="dir:0.1", clients=20, batch_size=10, executor="vectorized", eval_gap=10**6)
-TRIALS = [dict(lr=0.05, hparams=dict(lam=0.01, mu=0.1)), dict(lr=0.02, hparams=dict(lam=0.1, mu=0.3)), dict(lr=0.1, hparams=dict(lam=0.001, mu=0.01))]
+
+SMALL = dict(
+    method="gpfl",
+    dataset="digits",
+    partition="dir:0.1",
+    clients=20,
+    batch_size=10,
+    executor="vectorized",
+    eval_gap=10**6,
+)
+TRIALS = [
+    dict(lr=0.05, hparams=dict(lam=0.01, mu=0.1)),
+    dict(lr=0.02, hparams=dict(lam=0.1, mu=0.3)),
+    dict(lr=0.1, hparams=dict(lam=0.001, mu=0.01)),
+]
 
 
 def trial_seconds(rounds: int = 4, **settings) -> dict:
@@ -56,7 +69,11 @@ def trial_seconds(rounds: int = 4, **settings) -> dict:
     steady = (time.perf_counter() - t0) / (rounds - 1)
     if why := sim.executor.ran.not_compiled():  # never an eager run's time as a compiled trial's
         raise RuntimeError(f"the compiled trial {why}")
-    return {"compile s": max(0.0, first - steady), "s/round": steady, "programs": counters["stats"]["unique_graphs"] - before}
+    return {
+        "compile s": max(0.0, first - steady),
+        "s/round": steady,
+        "programs": counters["stats"]["unique_graphs"] - before,
+    }
 
 
 def in_process(trials: list[dict]) -> list[dict]:
@@ -65,8 +82,17 @@ def in_process(trials: list[dict]) -> list[dict]:
 
 def new_process(trials: list[dict], cache: Path) -> list[dict]:
     """The trials in a fresh Python process whose torch caches live in `cache`."""
-    code = f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.compile_once import in_process; print(json.dumps(in_process({trials!r})))"
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, capture_output=True, text=True, check=True)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.compile_once import in_process; "
+        f"print(json.dumps(in_process({trials!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -75,12 +101,21 @@ def stage_trials() -> dict:
         cold = new_process(TRIALS, Path(cache))  # trial 1 from an empty cache, then 2 and 3 in its process
         warm = new_process(TRIALS[1:2], Path(cache))[0]  # another worker: torch's on-disk caches
     first = cold[0]["compile s"]
-    out = {"trial 1 (empty cache)": cold[0], "trials 2-3, same process": cold[1:], "a trial in a new process, warm cache": warm,
-           "same process / trial 1": max(t["compile s"] for t in cold[1:]) / first, "new process / trial 1": warm["compile s"] / first}  # fmt: skip
+    out = {
+        "trial 1 (empty cache)": cold[0],
+        "trials 2-3, same process": cold[1:],
+        "a trial in a new process, warm cache": warm,
+        "same process / trial 1": max(t["compile s"] for t in cold[1:]) / first,
+        "new process / trial 1": warm["compile s"] / first,
+    }
     later = ", ".join(f"{t['compile s']:.2f} s ({t['programs']} programs)" for t in cold[1:])
-    print(f"  trial 1 compiles {first:.1f} s ({cold[0]['programs']} programs); trials 2-3 in its process {later}; "
-          f"a new process with the warm cache {warm['compile s']:.1f} s ({100 * out['new process / trial 1']:.0f} % of trial 1); "
-          f"steady {cold[0]['s/round']:.3f} s/round", flush=True)  # fmt: skip
+    print(
+        f"  trial 1 compiles {first:.1f} s ({cold[0]['programs']} programs); trials 2-3 in its process {later}; "
+        f"a new process with the warm cache {warm['compile s']:.1f} s "
+        f"({100 * out['new process / trial 1']:.0f} % of trial 1); "
+        f"steady {cold[0]['s/round']:.3f} s/round",
+        flush=True,
+    )
     return out
 
 
@@ -94,7 +129,12 @@ def stage_host(rounds: int = 5) -> dict:
     sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": rounds + 1, **TRIALS[0]}))
     sim.step()  # compiles
     clock = {"program": 0.0, "call": 0.0, "inputs": 0.0, "loop": 0.0, "train": 0.0, "steps": 0}
-    call, inputs, loop, train = steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train
+    call, inputs, loop, train = (
+        steps.CompiledStep.__call__,
+        ex.Executor._inputs,
+        ex.Executor.run_steps,
+        ex.Executor.train,
+    )
 
     def timed(name, fn):
         def wrapper(*args, **kw):
@@ -118,15 +158,30 @@ def stage_host(rounds: int = 5) -> dict:
         for _ in range(rounds):
             sim.step()
     finally:
-        steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = call, inputs, loop, train
+        steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = (
+            call,
+            inputs,
+            loop,
+            train,
+        )
     n = clock["steps"]
     us = lambda s: 1e6 * s / n  # noqa: E731
-    out = {"steps": n, "host us/step": us(clock["loop"] - clock["program"]), "write-back and mask us/step": us(clock["call"] - clock["program"]),
-           "gather + decode us/step": us(clock["inputs"]), "in the compiled call us/step": us(clock["program"]),
-           "round setup us/step": us(clock["train"] - clock["loop"])}  # fmt: skip
-    print(f"  host {out['host us/step']:.0f} µs a cohort step outside the compiled call (write-back {out['write-back and mask us/step']:.0f}, "
-          f"gather + decode {out['gather + decode us/step']:.0f}); in the call {out['in the compiled call us/step']:.0f} µs; "
-          f"the round's setup outside the step loop {out['round setup us/step']:.0f} µs a step; {n} steps", flush=True)  # fmt: skip
+    out = {
+        "steps": n,
+        "host us/step": us(clock["loop"] - clock["program"]),
+        "write-back and mask us/step": us(clock["call"] - clock["program"]),
+        "gather + decode us/step": us(clock["inputs"]),
+        "in the compiled call us/step": us(clock["program"]),
+        "round setup us/step": us(clock["train"] - clock["loop"]),
+    }
+    print(
+        f"  host {out['host us/step']:.0f} µs a cohort step outside the compiled call (write-back "
+        f"{out['write-back and mask us/step']:.0f}, "
+        f"gather + decode {out['gather + decode us/step']:.0f}); in the call "
+        f"{out['in the compiled call us/step']:.0f} µs; "
+        f"the round's setup outside the step loop {out['round setup us/step']:.0f} µs a step; {n} steps",
+        flush=True,
+    )
     return out
 
 
@@ -136,6 +191,7 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
     import torch
     from torch.func import vmap
 
+    import tuner.compile as compile_policy
     import tuner.steps as steps
     from tuner.config import RunConfig
     from tuner.run import build_simulation
@@ -146,39 +202,68 @@ def stage_window(k: int = 4, steps: int = 8) -> dict:
     keys = executor._trainable(phase, state)
     params, rest = {k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys}
     opt_state = phase.optimizer.init(params)
-    one = steps.pure_step(vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"), phase, sim.method.net.is_buffer)
+    one = steps.pure_step(
+        vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"),
+        phase,
+        sim.method.net.is_buffer,
+    )
     n, batch = len(sim.data.train.counts), sim.method.training.batch_size
     counts, offsets = sim.data.train.counts, sim.data.train.offsets
-    index = torch.stack([(torch.arange(batch * steps) % counts[i]).view(steps, batch) + offsets[i] for i in range(n)])  # (clients, steps, batch)
+    # (clients, steps, batch)
+    index = torch.stack([(torch.arange(batch * steps) % counts[i]).view(steps, batch) + offsets[i] for i in range(n)])
     active = torch.ones(n, dtype=torch.bool)
 
     def window(params, opt_state, rest, server, xs, ys, active):  # xs: (clients, k, batch, ...)
         return sum(one(params, opt_state, rest, sim.server, xs[:, j], ys[:, j], active) for j in range(xs.shape[1]))
 
+    def step_args(x, y, size: int) -> tuple:  # a window's calls take `size` steps' batches, a single step's one
+        return params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active
+
     out = {}
     for size, fn in ((1, one), (k, window)):
-        program = steps.compile_program(fn, sim.data.train.y.device, {})
+        program = compile_policy.compile_program(fn, sim.data.train.y.device, {})
         calls = [index[:, t : t + size] for t in range(0, steps, size)]
         data = [(sim.data.decode(sim.data.train.x[c]), sim.data.train.y[c]) for c in calls]
-        args = lambda x, y: (params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active)  # noqa: E731
         t0 = time.perf_counter()
-        program(*args(*data[0]))
+        program(*step_args(*data[0], size))
         compile_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(3):
             for x, y in data:
-                program(*args(x, y))
+                program(*step_args(x, y, size))
         out[f"K={size}"] = {"compile s": compile_s, "us/step": 1e6 * (time.perf_counter() - t0) / (3 * steps)}
     one_s, many = out["K=1"], out[f"K={k}"]
-    out["repaid after steps"] = (many["compile s"] - one_s["compile s"]) / max(1e-9, (one_s["us/step"] - many["us/step"]) * 1e-6)
-    print(f"  K=1: compile {one_s['compile s']:.1f} s, {one_s['us/step']:.0f} µs a step; K={k}: compile {many['compile s']:.1f} s, "
-          f"{many['us/step']:.0f} µs a step" + (f"; repaid after {out['repaid after steps']:.0f} steps" if many["us/step"] < one_s["us/step"] else "; never repaid"), flush=True)  # fmt: skip
+    out["repaid after steps"] = (many["compile s"] - one_s["compile s"]) / max(
+        1e-9, (one_s["us/step"] - many["us/step"]) * 1e-6
+    )
+    print(
+        f"  K=1: compile {one_s['compile s']:.1f} s, {one_s['us/step']:.0f} µs a step; K={k}: compile "
+        f"{many['compile s']:.1f} s, "
+        f"{many['us/step']:.0f} µs a step"
+        + (
+            f"; repaid after {out['repaid after steps']:.0f} steps"
+            if many["us/step"] < one_s["us/step"]
+            else "; never repaid"
+        ),
+        flush=True,
+    )
     return out
 
 
 def sweep_seconds(storage: Path, name: str, *args: str) -> float:
     t0 = time.perf_counter()
-    cmd = [str(ROOT / ".venv" / "bin" / "tuner"), "sweep", "gpfl", "--space", "search_spaces/demo.yaml", "--name", name, "--storage", str(storage), *args]
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "tuner"),
+        "sweep",
+        "gpfl",
+        "--space",
+        "search_spaces/demo.yaml",
+        "--name",
+        name,
+        "--storage",
+        str(storage),
+        *args,
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
@@ -188,7 +273,9 @@ def stage_demo() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for engine in ("eager", "compiled", "auto"):
             cache = Path(tmp) / f"cache-{engine}"
-            out[f"demo {engine} s"] = sweep_seconds(Path(tmp), f"demo-{engine}", "--set", f"engine={engine}", "--compile-cache", str(cache))
+            out[f"demo {engine} s"] = sweep_seconds(
+                Path(tmp), f"demo-{engine}", "--set", f"engine={engine}", "--compile-cache", str(cache)
+            )
             print(f"  demo sweep, engine {engine}: {out[f'demo {engine} s']:.0f} s", flush=True)
     out["demo auto / better"] = out["demo auto s"] / min(out["demo eager s"], out["demo compiled s"])
     print(f"  demo: auto / the better engine {out['demo auto / better']:.2f}", flush=True)
@@ -200,7 +287,20 @@ def stage_long() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for engine in ("eager", "compiled"):
             cache = Path(tmp) / f"cache-{engine}"
-            long = ["--samples", "16", "--set", "rounds=50", "--grace", "50", "--patience", "50", "--set", f"engine={engine}", "--compile-cache", str(cache)]
+            long = [
+                "--samples",
+                "16",
+                "--set",
+                "rounds=50",
+                "--grace",
+                "50",
+                "--patience",
+                "50",
+                "--set",
+                f"engine={engine}",
+                "--compile-cache",
+                str(cache),
+            ]
             out[f"16x50 {engine} s"] = sweep_seconds(Path(tmp), f"long-{engine}", *long)
             print(f"  16 trials x 50 rounds, engine {engine}: {out[f'16x50 {engine} s']:.0f} s", flush=True)
     out["16x50 compiled / eager"] = out["16x50 compiled s"] / out["16x50 eager s"]

@@ -43,9 +43,9 @@ from torch.func import grad_and_value
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
+from tuner.compile import INDUCTOR_CONFIGS, compile_program  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
-from tuner.steps import INDUCTOR_CONFIGS, compile_program  # noqa: E402
 
 TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
     "fedavg": dict(partition="dir:0.1"),
@@ -56,7 +56,9 @@ TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
 
 
 def table1(method: str, device: str, **kw) -> RunConfig:
-    base = dict(method=method, dataset="fmnist", clients=20, eval_gap=10**6, device=device, executor="vectorized", rounds=10**6)
+    base = dict(
+        method=method, dataset="fmnist", clients=20, eval_gap=10**6, device=device, executor="vectorized", rounds=10**6
+    )
     if method in ("fedavg", "gpfl", "fedcp"):
         base |= dict(backbone="cnn4", batch_size=10, local_epochs=1)
     return RunConfig(**{**base, **TABLE1.get(method, TABLE1["fedavg"]), **kw})
@@ -90,7 +92,8 @@ def _sgd_program(sim):
         g, _ = grad(params, x, y)
         return {k: v - lr * g[k] for k, v in params.items()}
 
-    program = compile_program(step, sim.data.train.y.device, INDUCTOR_CONFIGS[-1][1])  # the configuration every method compiles under
+    # the configuration every method compiles under
+    program = compile_program(step, sim.data.train.y.device, INDUCTOR_CONFIGS[-1][1])
     # A CUDA graph's outputs live in its memory pool and the next replay overwrites them: the next step's
     # parameters are copied out first (one small copy a step, counted in the figure).
     return lambda params, x, y: {k: v.clone() for k, v in program(params, x, y).items()}
@@ -151,23 +154,37 @@ def compiled_only(sim, what: str):
 
 def what_ran(sim) -> dict:
     ran = sim.executor.ran
-    return {"programs": ran.programs, "inductor": INDUCTOR_CONFIGS[ran.config][0], "compile retries": ran.retries,
-            "graph calls": ran.graph_calls, "graph skips": ran.graph_skips}  # fmt: skip
+    return {
+        "programs": ran.programs,
+        "inductor": INDUCTOR_CONFIGS[ran.config][0],
+        "compile retries": ran.retries,
+        "graph calls": ran.graph_calls,
+        "graph skips": ran.graph_skips,
+    }
 
 
-def measure(method: str, device: str, rounds: int, sequential: bool = False, out: dict | None = None, **settings) -> dict:
+def measure(
+    method: str, device: str, rounds: int, sequential: bool = False, out: dict | None = None, **settings
+) -> dict:
     """The figures of one method, written into `out` as each is measured (a failure later keeps the earlier ones)."""
     out = {} if out is None else out
     cfg = table1(method, device, **settings)
     out["eager s/round"] = seconds_per_round(build_simulation(replace(cfg, engine="eager")), rounds)[1]
     sim = build_simulation(replace(cfg, engine="compiled"))
     warm, out["compiled s/round"], recompiles = seconds_per_round(sim, rounds)
-    out |= {"compile + first round s": warm, "recompiles": recompiles, **what_ran(compiled_only(sim, f"{method}'s compiled run"))}
-    second = build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1))  # a sweep's next trial: other numbers, the same programs
+    out |= {
+        "compile + first round s": warm,
+        "recompiles": recompiles,
+        **what_ran(compiled_only(sim, f"{method}'s compiled run")),
+    }
+    # a sweep's next trial: other numbers, the same programs
+    second = build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1))
     out["second trial: compile + first round s"] = seconds_per_round(second, 0)[0]
     out["second trial programs"] = compiled_only(second, f"{method}'s second trial").executor.ran.programs
     if sequential:
-        out["sequential eager s/round"] = seconds_per_round(build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds)[1]
+        out["sequential eager s/round"] = seconds_per_round(
+            build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds
+        )[1]
     whole = build_simulation(replace(cfg, engine="compiled", eval_gap=1))  # with evaluation
     _, out["compiled whole round s"], out["whole round recompiles"] = seconds_per_round(whole, rounds)
     compiled_only(whole, f"{method}'s compiled run with evaluation")
@@ -202,13 +219,22 @@ def main() -> None:
             results[method] = {"not compiled": str(e)}
             print(f"  {method:<7} no compiled figure: {e}", flush=True)
             continue
-        line = f"  {method:<7} eager {r['eager s/round']:.3f}  compiled {r['compiled s/round']:.3f} s/round  ({r['eager / compiled']:.2f}x)"
+        line = (
+            f"  {method:<7} eager {r['eager s/round']:.3f}  compiled {r['compiled s/round']:.3f} s/round  "
+            f"({r['eager / compiled']:.2f}x)"
+        )
         line += f"  {r['% of chain bound']:.0f} % of the chain bound ({r['chain bound s']:.3f} s)"
         if "% of ceiling" in r:
             line += f"  {r['% of ceiling']:.0f} % of the ceiling ({r['ceiling s/round']:.3f} s)"
         line += f"  recompiles {r['recompiles']}  compile + first round {r['compile + first round s']:.0f} s"
-        line += f" (a second trial {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs)"
-        line += f"  whole round {r['compiled whole round s']:.3f} s  ({r['programs']} programs, {r['inductor']}; CUDA graphs: {r['graph calls']} calls, {r['graph skips']} skipped)"
+        line += (
+            f" (a second trial {r['second trial: compile + first round s']:.1f} s, "
+            f"{r['second trial programs']} programs)"
+        )
+        line += (
+            f"  whole round {r['compiled whole round s']:.3f} s  ({r['programs']} programs, "
+            f"{r['inductor']}; CUDA graphs: {r['graph calls']} calls, {r['graph skips']} skipped)"
+        )
         print(line, flush=True)
     if args.json:
         provenance.write(args.json, results)

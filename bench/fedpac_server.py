@@ -17,9 +17,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
-from algorithms.base import Round, Training  # noqa: E402
-from algorithms.net import Net  # noqa: E402
 from algorithms.fedpac import FedPAC  # noqa: E402
+from algorithms.net import Net  # noqa: E402
+from algorithms.rounds import Round, Training  # noqa: E402
 from bench import provenance  # noqa: E402
 from tuner.models import Backbone  # noqa: E402
 
@@ -42,7 +42,10 @@ def main() -> None:
     def uploads() -> dict:
         centers = torch.randn(5, c, k)
         h = torch.stack([centers[i % 5] + 0.1 * torch.randn(c, k) for i in range(m)])
-        out = {key: model[key].unsqueeze(0).repeat(m, *[1] * model[key].dim()) + 0.01 * torch.randn(m, *model[key].shape) for key in net.param_keys}
+        out = {
+            key: model[key].unsqueeze(0).repeat(m, *[1] * model[key].dim()) + 0.01 * torch.randn(m, *model[key].shape)
+            for key in net.param_keys
+        }
         return out | {"pac.h": h, "pac.v": torch.rand(m) * 50, "pac.sum": h * 60, "pac.count": torch.full((m, c), 60.0)}
 
     t0 = time.perf_counter()
@@ -59,8 +62,19 @@ def main() -> None:
     median = sorted(times)[len(times) // 2]
     print(f"  later rounds: median {median:.3f} s, max {max(times):.3f} s over {args.repeats}")
     if args.json:
-        provenance.write(args.json, {"clients": m, "features": k, "classes": c, "threads": torch.get_num_threads(), "first round s": first,
-                                     "later rounds median s": median, "later rounds max s": max(times), "repeats": args.repeats})  # fmt: skip
+        provenance.write(
+            args.json,
+            {
+                "clients": m,
+                "features": k,
+                "classes": c,
+                "threads": torch.get_num_threads(),
+                "first round s": first,
+                "later rounds median s": median,
+                "later rounds max s": max(times),
+                "repeats": args.repeats,
+            },
+        )
 
 
 if __name__ == "__main__":

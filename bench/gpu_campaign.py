@@ -64,7 +64,24 @@ from tuner.run import build_simulation  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}
 STAGES = list(SHARES)
-PACKAGES = ["torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "cvxpy", "osqp", "clarabel", "scs", "typer", "rich", "yaml", "pydantic", "ray", "optuna"]
+PACKAGES = [
+    "torch",
+    "torchvision",
+    "numpy",
+    "scipy",
+    "pandas",
+    "pyarrow",
+    "cvxpy",
+    "osqp",
+    "clarabel",
+    "scs",
+    "typer",
+    "rich",
+    "yaml",
+    "pydantic",
+    "ray",
+    "optuna",
+]
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
 
@@ -77,16 +94,23 @@ class Campaign:
         self.args, self.shares = args, shares
         self.out = Path(args.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
-        self.device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+        self.device = (
+            "cuda"
+            if args.device == "auto" and torch.cuda.is_available()
+            else ("cpu" if args.device == "auto" else args.device)
+        )
         self.data = str(Path(args.data).resolve()) if args.data else None
         self.start = time.monotonic()
         self.end = self.start + 60 * args.budget_min
         self.stages = [name.strip().replace("-", " ") for name in args.stages.split(",")]
         unknown = [name for name in self.stages if name not in shares]
         if unknown:
-            raise SystemExit(f"Unknown stage {unknown[0]!r}; choose from {', '.join(n.replace(' ', '-') for n in shares)}.")
+            raise SystemExit(
+                f"Unknown stage {unknown[0]!r}; choose from {', '.join(n.replace(' ', '-') for n in shares)}."
+            )
         path = self.out / "campaign.json"
-        self.results: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}  # what earlier commands found
+        # what earlier commands found
+        self.results: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
         self.knee = self.results.get("sharing", {}).get("best_k", 1)
 
     # --- budget and bookkeeping
@@ -110,7 +134,8 @@ class Campaign:
         """The running stage's result so far, written at once: a command stopped mid-stage keeps it."""
         name = self.running
         result = {**result, "seconds": round(time.monotonic() - self.t0, 1)}
-        if name == "correctness" and "checks" in self.earlier and "checks" in result:  # commands check parts of the methods
+        # commands check parts of the methods
+        if name == "correctness" and "checks" in self.earlier and "checks" in result:
             checks = {**self.earlier["checks"], **result["checks"]}
             result |= {"checks": checks, **_verdict(checks)}
         self.results[name] = result
@@ -124,24 +149,45 @@ class Campaign:
 
     def digits(self, method: str, **kw) -> RunConfig:
         """The suite's small setting (tests/test_engine.py); smoke: fewer, larger batches."""
-        base = dict(method=method, dataset="digits", partition="dir:0.3", clients=6, lr=0.05, join_ratio="0.5-1", val_frac=0.2, dtype="float64")
+        base = dict(
+            method=method,
+            dataset="digits",
+            partition="dir:0.3",
+            clients=6,
+            lr=0.05,
+            join_ratio="0.5-1",
+            val_frac=0.2,
+            dtype="float64",
+        )
         if self.args.smoke:
             base |= dict(clients=4, batch_size=40)
         return RunConfig(**{**base, **kw})
 
     # --- 1
     def environment(self, deadline: float) -> dict:
-        env = {"device": self.device, "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-               "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32}  # fmt: skip
+        env = {
+            "device": self.device,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "python": sys.version.split()[0],
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        }
         if self.device.startswith("cuda"):
             p = torch.cuda.get_device_properties(self.device)
-            env |= {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
+            env |= {
+                "name": p.name,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "capability": f"{p.major}.{p.minor}",
+            }
         else:
             env |= {"name": f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"}
         env["packages"] = {name: _version(name) for name in PACKAGES}
         env["commit"] = commit()
         missing = [n for n in ("cvxpy", "pandas", "pyarrow") if env["packages"][n] is None]
-        env["line"] = f"{env['name']}, torch {env['torch']}, CUDA {env['cuda']}" + (f"; missing {', '.join(missing)}" if missing else "")
+        env["line"] = f"{env['name']}, torch {env['torch']}, CUDA {env['cuda']}" + (
+            f"; missing {', '.join(missing)}" if missing else ""
+        )
         return env
 
     # --- 2
@@ -151,19 +197,27 @@ class Campaign:
         label = "executors equal" + ("" if engine == "eager" else f" ({engine})")
         checks = {}
         for m in methods:
-            checks[f"{label}: {m}"] = _check(deadline, lambda m=m: executors_equal(self.digits(m, engine=engine), self.device))
+            checks[f"{label}: {m}"] = _check(
+                deadline, lambda m=m: executors_equal(self.digits(m, engine=engine), self.device)
+            )
             self.progress({"checks": checks, **_verdict(checks)})
-        resnet = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2)
+        resnet = dict(
+            clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2
+        )
         if self.args.smoke:
             # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
             resnet |= dict(clients=4, join_ratio="0.5", partition="pac:20", pac_train=60, pac_test=20, batch_size=30)
-        checks["ResNet-18 BatchNorm under vmap"] = _check(deadline, lambda: executors_equal(self.digits("fedper", engine=engine, **resnet), self.device, rounds=1))
+        checks["ResNet-18 BatchNorm under vmap"] = _check(
+            deadline, lambda: executors_equal(self.digits("fedper", engine=engine, **resnet), self.device, rounds=1)
+        )
         checks["exact resume on the device"] = _check(deadline, self.exact_resume)
         return {"checks": checks, **_verdict(checks)}
 
     def exact_resume(self) -> dict:
         """Three rounds straight against one round, a saved and restored state, and two more, on the device."""
-        cfg = replace(self.digits("fedrep", join_ratio="0.6-1"), dtype="float32", device=self.device, deterministic=True)
+        cfg = replace(
+            self.digits("fedrep", join_ratio="0.6-1"), dtype="float32", device=self.device, deterministic=True
+        )
         straight = build_simulation(cfg)
         rows = [straight.step() for _ in range(3)]
         first = build_simulation(cfg)
@@ -172,7 +226,7 @@ class Campaign:
         resumed = build_simulation(cfg)
         resumed.load_state_dict(state)
         later = [resumed.step() for _ in range(2)]
-        for a, b in zip(rows[1:], later):
+        for a, b in zip(rows[1:], later, strict=False):
             for key in ("acc", "train_loss", "test_loss"):
                 assert a[key] == b[key], f"round {a['round']} {key}: {a[key]} straight, {b[key]} resumed"
         for k in straight.clients:
@@ -188,7 +242,9 @@ def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
     rows = [(seq.step(), vec.step()) for _ in range(rounds)]
     if cfg.engine == "compiled":  # an eager run gives the same numbers: equality alone would not show the compiled path
         ran = vec.executor.ran
-        assert not (why := ran.not_compiled()), f"the compiled run {why}" + (f"; the error's end: {ran.failure}" if ran.failure else "")
+        assert not (why := ran.not_compiled()), f"the compiled run {why}" + (
+            f"; the error's end: {ran.failure}" if ran.failure else ""
+        )
     worst = 0.0
     for a, b in ((seq.clients, vec.clients), (seq.server, vec.server)):
         for k in a:
@@ -199,7 +255,9 @@ def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
     for r_seq, r_vec in rows:
         assert r_seq["clients"] == r_vec["clients"], "different cohorts"
         for key in ("acc", "train_loss", "test_loss"):
-            assert abs(r_seq[key] - r_vec[key]) <= 1e-9 * max(1.0, abs(r_seq[key])), f"{key}: {r_seq[key]} vs {r_vec[key]}"
+            assert abs(r_seq[key] - r_vec[key]) <= 1e-9 * max(1.0, abs(r_seq[key])), (
+                f"{key}: {r_seq[key]} vs {r_vec[key]}"
+            )
     return {"max_abs_difference": worst, **(what_ran(vec) if cfg.engine == "compiled" else {})}
 
 
@@ -214,7 +272,9 @@ def _verdict(checks: dict) -> dict:
     failed = [k for k, v in checks.items() if v["status"] == "failed"]
     skipped = [k for k, v in checks.items() if v["status"] == "skipped"]
     line = f"{len(checks) - len(failed) - len(skipped)} of {len(checks)} checks passed"
-    line += (f"; FAILED: {', '.join(failed)}" if failed else "") + (f"; {len(skipped)} skipped (time)" if skipped else "")
+    line += (f"; FAILED: {', '.join(failed)}" if failed else "") + (
+        f"; {len(skipped)} skipped (time)" if skipped else ""
+    )
     return {"failed": failed, "line": line}
 
 
@@ -225,7 +285,11 @@ def _check(deadline: float, fn) -> dict:
     try:
         return {"status": "passed", **fn(), "seconds": round(time.monotonic() - t0, 2)}
     except Exception as e:
-        return {"status": "failed", "message": f"{type(e).__name__}: {e}"[:2000], "seconds": round(time.monotonic() - t0, 2)}
+        return {
+            "status": "failed",
+            "message": f"{type(e).__name__}: {e}"[:2000],
+            "seconds": round(time.monotonic() - t0, 2),
+        }
 
 
 def arguments(description: str, budget_min: float) -> argparse.ArgumentParser:
@@ -235,23 +299,46 @@ def arguments(description: str, budget_min: float) -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-min", type=float, default=budget_min)
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
-    ap.add_argument("--smoke", action="store_true", help="every stage in miniature on digits: seconds, for the test suite")
+    ap.add_argument(
+        "--smoke", action="store_true", help="every stage in miniature on digits: seconds, for the test suite"
+    )
     return ap
 
 
 def main() -> None:
     ap = arguments(__doc__.split("\n\n")[0], budget_min=25.0)
-    ap.add_argument("--stages", default=",".join(s.replace(" ", "-") for s in STAGES), help="which stages this command runs, comma-separated")
+    ap.add_argument(
+        "--stages",
+        default=",".join(s.replace(" ", "-") for s in STAGES),
+        help="which stages this command runs, comma-separated",
+    )
     ap.add_argument("--methods", nargs="+", help="the methods the correctness stage checks (default: all)")
-    ap.add_argument("--engine", default="eager", choices=["eager", "compiled"], help="the engine the correctness stage checks on the device")
-    ap.add_argument("--speed-methods", nargs="+", default=SPEED_METHODS, help="the methods the speed stage times, in order")
-    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"the papers' columns the real-run stage runs, in order: {', '.join(COLUMNS)}")
+    ap.add_argument(
+        "--engine",
+        default="eager",
+        choices=["eager", "compiled"],
+        help="the engine the correctness stage checks on the device",
+    )
+    ap.add_argument(
+        "--speed-methods", nargs="+", default=SPEED_METHODS, help="the methods the speed stage times, in order"
+    )
+    ap.add_argument(
+        "--columns",
+        default=",".join(COLUMNS),
+        help=f"the papers' columns the real-run stage runs, in order: {', '.join(COLUMNS)}",
+    )
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
     c = Campaign(args)
-    stages = {"environment": c.environment, "correctness": c.correctness, "speed": lambda d: speed(c, d), "profile": lambda d: profile(c, d),
-              "sharing": lambda d: sharing(c, d), "real run": lambda d: real_run(c, d)}  # fmt: skip
+    stages = {
+        "environment": c.environment,
+        "correctness": c.correctness,
+        "speed": lambda d: speed(c, d),
+        "profile": lambda d: profile(c, d),
+        "sharing": lambda d: sharing(c, d),
+        "real run": lambda d: real_run(c, d),
+    }
     for name in STAGES:
         if name in c.stages:
             c.stage(name, stages[name])

@@ -56,15 +56,22 @@ def checked(cfg, device: str, rounds: int, threads: int) -> dict:
 def correctness(campaign: Campaign, deadline: float) -> dict:
     """The checks in parallel processes (spawned: CUDA does not survive a fork); past the deadline the unfinished
     ones are stopped and recorded as skipped."""
-    fixed = dict(engine="compiled", join_ratio="1")  # every round the whole cohort: a program per padded size, compiled once
-    cases = {f"compiled: {m}": (campaign.digits(m, **fixed), 2) for m in (["fedavg"] if campaign.args.smoke else CHECK_METHODS)}
+    # every round the whole cohort: a program per padded size, compiled once
+    fixed = dict(engine="compiled", join_ratio="1")
+    cases = {
+        f"compiled: {m}": (campaign.digits(m, **fixed), 2)
+        for m in (["fedavg"] if campaign.args.smoke else CHECK_METHODS)
+    }
     if not campaign.args.smoke:
         resnet = dict(clients=12, backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=4)
         cases["compiled: ResNet-18 BatchNorm under vmap (fedper)"] = (campaign.digits("fedper", **fixed, **resnet), 1)
     checks: dict[str, dict] = {}
     with multiprocessing.get_context("spawn").Pool(campaign.args.parallel) as pool:
         threads = max(1, (os.cpu_count() or 2) // campaign.args.parallel)
-        pending = {name: pool.apply_async(checked, (cfg, campaign.device, rounds, threads)) for name, (cfg, rounds) in cases.items()}
+        pending = {
+            name: pool.apply_async(checked, (cfg, campaign.device, rounds, threads))
+            for name, (cfg, rounds) in cases.items()
+        }
         for name, result in pending.items():
             try:
                 checks[name] = result.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -77,16 +84,26 @@ def correctness(campaign: Campaign, deadline: float) -> dict:
 
 def main() -> None:
     ap = arguments(__doc__.split("\n\n")[0], budget_min=8.0)
-    ap.add_argument("--parallel", type=int, default=max(1, min(len(CHECK_METHODS) + 1, (os.cpu_count() or 2) // 2)),
-                    help="correctness checks compiling at once (default: half the CPU cores)")  # fmt: skip
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=max(1, min(len(CHECK_METHODS) + 1, (os.cpu_count() or 2) // 2)),
+        help="correctness checks compiling at once (default: half the CPU cores)",
+    )
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
     args.stages, args.speed_methods, args.engine, args.methods = ",".join(SHARES), SPEED_METHODS, "compiled", None
-    if not args.smoke:  # trial 1 compiles from nothing: this command's programs go to a cache of its own (its workers inherit it)
+    # trial 1 compiles from nothing: this command's programs go to a cache of its own (its workers inherit it)
+    if not args.smoke:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
     c = Campaign(args, shares=SHARES)
-    stages = {"environment": c.environment, "correctness": lambda d: correctness(c, d), "speed": lambda d: speed(c, d), "profile": lambda d: profile(c, d)}
+    stages = {
+        "environment": c.environment,
+        "correctness": lambda d: correctness(c, d),
+        "speed": lambda d: speed(c, d),
+        "profile": lambda d: profile(c, d),
+    }
     for name, run in stages.items():
         c.stage(name, run)
     print(f"summary: {c.out / 'summary.md'}")

@@ -29,7 +29,14 @@ def main() -> None:
     ap.add_argument("--out", default="knn-lambda.csv")
     ap.add_argument("--set", dest="settings", nargs="*", default=[], help="other run settings as name=value")
     args = ap.parse_args()
-    split = {"dataset": args.dataset, "partition": "pac:20", "clients": 20, "rounds": args.rounds, "protocol": "fedpac", "executor": "sequential"}
+    split = {
+        "dataset": args.dataset,
+        "partition": "pac:20",
+        "clients": 20,
+        "rounds": args.rounds,
+        "protocol": "fedpac",
+        "executor": "sequential",
+    }
     cfg = resolve_layers(args.method, [("the benchmark", split), ("--set", parse_set(args.settings))])
     sim = build_simulation(cfg)
     method, rows = sim.method, []
@@ -40,9 +47,27 @@ def main() -> None:
         fixed = sim.evaluate()
         method.hp = rule
         memory = sim._memory(sim.clients, sim.at(sim.round, list(range(sim.data.num_clients))))
-        chosen = [float(method.chosen_lambda({**{k: v[i] for k, v in sim.clients.items()}, **{k: v[i] for k, v in memory.items()}})) for i in range(sim.data.num_clients)]
-        rows.append({"round": row["round"], "acc_rule": row["acc"], "acc_lambda_0.5": fixed["acc"], "mean_lambda_chosen": sum(chosen) / len(chosen)})
-        print(f"round {row['round']:3d}  rule {100 * row['acc']:.2f}  λ=0.5 {100 * fixed['acc']:.2f}  mean λ chosen {rows[-1]['mean_lambda_chosen']:.3f}", flush=True)
+        chosen = [
+            float(
+                method.chosen_lambda(
+                    {**{k: v[i] for k, v in sim.clients.items()}, **{k: v[i] for k, v in memory.items()}}
+                )
+            )
+            for i in range(sim.data.num_clients)
+        ]
+        rows.append(
+            {
+                "round": row["round"],
+                "acc_rule": row["acc"],
+                "acc_lambda_0.5": fixed["acc"],
+                "mean_lambda_chosen": sum(chosen) / len(chosen),
+            }
+        )
+        print(
+            f"round {row['round']:3d}  rule {100 * row['acc']:.2f}  λ=0.5 {100 * fixed['acc']:.2f}  mean λ "
+            f"chosen {rows[-1]['mean_lambda_chosen']:.3f}",
+            flush=True,
+        )
         pd.DataFrame(rows).to_csv(args.out, index=False)  # each round: a stopped run keeps what it measured
 
 

@@ -2,7 +2,8 @@
 
 Fashion-MNIST, dir:0.1, 20 clients, everyone each round, cnn4, batch 10, one local epoch (the
 PFLlib protocol), each method at its defaults. The first round timed, training and evaluation
-both (every method pays the same first-round costs of allocation), since methods differ in both (FedAvg-FT and FedBABU fine-tune before
+both (every method pays the same first-round costs of allocation), since methods differ in both (FedAvg-FT and FedBABU
+fine-tune before
 evaluating, kNN-Per builds its datastore). Prints a Markdown table: s/round and the ratio to FedAvg.
 Usage: python bench/method_cost.py [--dataset fmnist] [--partition dir:0.1] [--clients 20]
        [--executor vectorized] [--device auto] [--methods fedavg ditto ...] [--json FILE]
@@ -41,11 +42,21 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--executor", default="vectorized")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--methods", nargs="*", default=["fedavg"] + sorted(n for n, c in METHODS.items() if not c.family and n != "fedavg"))
+    ap.add_argument(
+        "--methods",
+        nargs="*",
+        default=["fedavg"] + sorted(n for n, c in METHODS.items() if not c.family and n != "fedavg"),
+    )
     ap.add_argument("--json", help="also write the figures to this file, with the command, commit and machine")
     args = ap.parse_args()
-    settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": 1,
-                "executor": args.executor, "device": args.device}  # fmt: skip
+    settings = {
+        "dataset": args.dataset,
+        "partition": args.partition,
+        "clients": args.clients,
+        "rounds": 1,
+        "executor": args.executor,
+        "device": args.device,
+    }
     first = resolve_layers("fedavg", [("bench", settings)])
     device = torch.device(first.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def commit() -> str:
     """The checkout's commit, with "+changes" where its tracked files differ from it ("" outside a git checkout)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+changes" if dirty else "")
@@ -28,14 +32,23 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores"
-    return f"CPU ({platform.processor() or platform.machine()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    return (
+        f"CPU ({platform.processor() or platform.machine()}), {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads"
+    )
 
 
 def write(path: str | Path, figures: dict) -> None:
     """The figures as JSON at `path`, with the command that made them, the commit, the machine, torch and the date."""
     import torch
 
-    record = {"command": " ".join(["python", *sys.argv]), "commit": commit(), "machine": machine(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "figures": figures}  # fmt: skip
+    record = {
+        "command": " ".join(["python", *sys.argv]),
+        "commit": commit(),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "figures": figures,
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=2, default=str) + "\n")

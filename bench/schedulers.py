@@ -9,7 +9,8 @@ best validation accuracy any trial had reached, against the rounds spent so far)
         --out results/schedulers-fmnist
 
 Each sweep is a `tuner sweep` subprocess on local Ray (sweeps under OUT/sweeps/; a finished one is read, not run
-again, and one stopped midway resumes, so a long comparison may be stopped and run again to go on). PBT and PB2 run `samples`
+again, and one stopped midway resumes, so a long comparison may be stopped and run again to go on). PBT and PB2 run
+`samples`
 trials of `rounds` rounds; ASHA runs twice the trials under `max_total_rounds` = samples × rounds, so every
 sweep has the same rounds to spend (ASHA spends what its stopped trials leave on more trials). Writes
 OUT/comparison.json (with the command, commit and machine), OUT/comparison.md and OUT/anytime.png."""
@@ -40,11 +41,20 @@ SPENT_AT = (0.25, 0.5, 0.75, 1.0)  # the anytime curve's points, as fractions of
 
 
 def space(method: str, scheduler: str, args) -> dict:
-    settings = {"dataset": args.dataset, "partition": args.partition, "clients": args.clients, "rounds": args.rounds, "executor": "sequential"}
+    settings = {
+        "dataset": args.dataset,
+        "partition": args.partition,
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "executor": "sequential",
+    }
     settings |= dict((key, yaml.safe_load(value)) for key, _, value in (s.partition("=") for s in args.set))
     out = {"settings": settings, "search": SEARCH[method], "select": "val", "samples": args.samples}
     if scheduler == "asha":
-        return out | {"samples": 2 * args.samples, "stop": {"grace": args.rounds // 4, "max_total_rounds": args.samples * args.rounds}}
+        return out | {
+            "samples": 2 * args.samples,
+            "stop": {"grace": args.rounds // 4, "max_total_rounds": args.samples * args.rounds},
+        }
     return out | {"scheduler": {"kind": scheduler, "perturbation_interval": args.rounds // 5}}
 
 
@@ -57,8 +67,26 @@ def sweep(method: str, scheduler: str, seed: int, args) -> Path:
     file = storage / f"{name}.yaml"
     file.write_text(yaml.safe_dump(space(method, scheduler, args), sort_keys=False))
     resume = ["--resume"] if (storage / name / "search").exists() else []  # a sweep stopped midway (Ctrl-C) goes on
-    subprocess.run([sys.executable, "-m", "tuner.cli", "sweep", method, "--space", str(file), "--storage", str(storage), "--name", name,
-                    "--set", f"seed={seed}", *resume], check=True, cwd=ROOT)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "sweep",
+            method,
+            "--space",
+            str(file),
+            "--storage",
+            str(storage),
+            "--name",
+            name,
+            "--set",
+            f"seed={seed}",
+            *resume,
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     return storage / name
 
 
@@ -70,9 +98,14 @@ def anytime(sweep_dir: Path, scheduler: str, budget: int) -> tuple[int, list[flo
     (a trial's rounds before it took another's state are gone from its file: they ranked in the bottom quantile)."""
     trials = sorted((sweep_dir / "search").glob("federated_trial_*"))
     if scheduler == "asha":
-        rows = pd.concat([trial_rows(t / "result.json") for t in trials], ignore_index=True).sort_values("timestamp", kind="stable")
+        rows = pd.concat([trial_rows(t / "result.json") for t in trials], ignore_index=True).sort_values(
+            "timestamp", kind="stable"
+        )
         spent, best = range(1, len(rows) + 1), rows["val_acc"].cummax().tolist()
-        points = [max((b for s, b in zip(spent, best) if s <= f * budget), default=float("nan")) for f in SPENT_AT]
+        points = [
+            max((b for s, b in zip(spent, best, strict=True) if s <= f * budget), default=float("nan"))
+            for f in SPENT_AT
+        ]
         return len(rows), points
     lineages = [lineage_rows(t, pd.DataFrame())[0] for t in trials]
     rounds = max(int(rows["round"].max()) for rows in lineages)
@@ -89,7 +122,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--samples", type=int, default=8, help="PBT's and PB2's population (ASHA: twice as many trials)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run setting of every sweep (backbone=mlp)")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a run setting of every sweep (backbone=mlp)"
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     budget, out = args.samples * args.rounds, Path(args.out)
@@ -100,16 +135,33 @@ def main() -> None:
                 sweep_dir = sweep(method, scheduler, seed, args)
                 best = yaml.safe_load((sweep_dir / "summary.yaml").read_text())["best"]
                 spent, points = anytime(sweep_dir, scheduler, budget)
-                results.append({"method": method, "scheduler": scheduler, "seed": seed, "best_val_acc": best["best_val_acc"],
-                                "selected_acc": best["selected_acc"], "rounds_spent": spent, "anytime": points})  # fmt: skip
+                results.append(
+                    {
+                        "method": method,
+                        "scheduler": scheduler,
+                        "seed": seed,
+                        "best_val_acc": best["best_val_acc"],
+                        "selected_acc": best["selected_acc"],
+                        "rounds_spent": spent,
+                        "anytime": points,
+                    }
+                )
                 print(json.dumps(results[-1]), flush=True)
-    setting = {k: getattr(args, k) for k in ("dataset", "partition", "clients", "rounds", "samples")} | {"budget_rounds": budget, "spent_at": list(SPENT_AT)}
+    setting = {k: getattr(args, k) for k in ("dataset", "partition", "clients", "rounds", "samples")} | {
+        "budget_rounds": budget,
+        "spent_at": list(SPENT_AT),
+    }
     setting |= {"settings": space(args.methods[0], "asha", args)["settings"]}
     provenance.write(out / "comparison.json", {"setting": setting, "sweeps": results})
     table = pd.DataFrame(results)
     summary = table.groupby(["method", "scheduler"], sort=False).agg(
-        sweeps=("seed", "size"), best_val_mean=("best_val_acc", "mean"), best_val_std=("best_val_acc", "std"),
-        test_mean=("selected_acc", "mean"), test_std=("selected_acc", "std"), rounds_spent=("rounds_spent", "mean"))  # fmt: skip
+        sweeps=("seed", "size"),
+        best_val_mean=("best_val_acc", "mean"),
+        best_val_std=("best_val_acc", "std"),
+        test_mean=("selected_acc", "mean"),
+        test_std=("selected_acc", "std"),
+        rounds_spent=("rounds_spent", "mean"),
+    )
     for col in ("best_val_mean", "best_val_std", "test_mean", "test_std"):
         summary[col] = (100 * summary[col]).round(2)
     (out / "comparison.md").write_text(summary.reset_index().to_markdown(index=False) + "\n")
@@ -124,7 +176,7 @@ def plot(table: pd.DataFrame, budget: int, path: Path) -> None:
 
     methods = list(dict.fromkeys(table["method"]))
     fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.8), squeeze=False)
-    for ax, method in zip(axes[0], methods):
+    for ax, method in zip(axes[0], methods, strict=True):
         for scheduler, group in table[table["method"] == method].groupby("scheduler", sort=False):
             curves = pd.DataFrame(group["anytime"].tolist()) * 100
             ax.errorbar([f * budget for f in SPENT_AT], curves.mean(), yerr=curves.std(), label=scheduler, capsize=3)

@@ -22,13 +22,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
+
 LRS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15]
 SETTINGS = {"dataset": "digits", "partition": "dir:0.1", "clients": 10, "executor": "sequential", "checkpoint_every": 5}
 
 
 def tuner(*args: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([str(ROOT / ".venv" / "bin" / "tuner"), *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "tuner"), *args],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0
 
 
@@ -43,23 +50,60 @@ def main() -> None:
         space = tmp / "grid.yaml"
         fixed = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in settings.items())
         space.write_text(f"settings: {{{fixed}}}\nsearch:\n  lr: {{grid: {LRS}}}\n")
-        sets = [x for k, v in settings.items() if k not in ("dataset", "partition", "clients", "rounds") for x in ("--set", f"{k}={v}")]
+        sets = [
+            x
+            for k, v in settings.items()
+            if k not in ("dataset", "partition", "clients", "rounds")
+            for x in ("--set", f"{k}={v}")
+        ]
         back_to_back = sum(
-            tuner("run", "fedavg", "--dataset", "digits", "--partition", "dir:0.1", "--clients", "10", "--rounds", str(args.rounds),
-                  *sets, "--set", f"lr={lr}", "--out", str(tmp / f"run-{lr}"))  # fmt: skip
+            tuner(
+                "run",
+                "fedavg",
+                "--dataset",
+                "digits",
+                "--partition",
+                "dir:0.1",
+                "--clients",
+                "10",
+                "--rounds",
+                str(args.rounds),
+                *sets,
+                "--set",
+                f"lr={lr}",
+                "--out",
+                str(tmp / f"run-{lr}"),
+            )
             for lr in LRS
         )
-        one_at_a_time = tuner("sweep", "fedavg", "--space", str(space), "--storage", str(tmp), "--name", "serial", "--max-concurrent", "1")
+        one_at_a_time = tuner(
+            "sweep", "fedavg", "--space", str(space), "--storage", str(tmp), "--name", "serial", "--max-concurrent", "1"
+        )
         cores = os.cpu_count() or 1
         parallel = tuner("sweep", "fedavg", "--space", str(space), "--storage", str(tmp), "--name", "parallel")
     print(f"8 runs of {args.rounds} rounds (FedAvg, digits, 10 clients), {cores} cores")
     print(f"  tuner run, back to back:          {back_to_back:7.1f} s")
-    print(f"  tuner sweep, 1 trial at a time:   {one_at_a_time:7.1f} s  -> overhead ratio {one_at_a_time / back_to_back:.2f}x")
-    print(f"  tuner sweep, default concurrency: {parallel:7.1f} s  -> {back_to_back / parallel:.2f}x the back-to-back throughput")
+    print(
+        f"  tuner sweep, 1 trial at a time:   {one_at_a_time:7.1f} s  -> overhead ratio "
+        f"{one_at_a_time / back_to_back:.2f}x"
+    )
+    print(
+        f"  tuner sweep, default concurrency: {parallel:7.1f} s  -> {back_to_back / parallel:.2f}x the "
+        "back-to-back throughput"
+    )
     if args.json:
-        provenance.write(args.json, {"rounds": args.rounds, "cores": cores, "back to back s": back_to_back, "sweep one at a time s": one_at_a_time,
-                                     "sweep default concurrency s": parallel, "overhead ratio": one_at_a_time / back_to_back,
-                                     "throughput ratio": back_to_back / parallel})  # fmt: skip
+        provenance.write(
+            args.json,
+            {
+                "rounds": args.rounds,
+                "cores": cores,
+                "back to back s": back_to_back,
+                "sweep one at a time s": one_at_a_time,
+                "sweep default concurrency s": parallel,
+                "overhead ratio": one_at_a_time / back_to_back,
+                "throughput ratio": back_to_back / parallel,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Local loss: cross-entropy, the whole model trained (FedAvg's).
 Upload: the shared parameters. Server: their sample-weighted mean (FedAvg's).
 Prediction: the client's own model, with its own BatchNorm.
 
-    tuner run ./examples/fedbn.py:FedBN --dataset digits --partition dir:0.1 --clients 10 --rounds 20 --set backbone=./examples/bn_cnn.py:build
+    tuner run ./examples/fedbn.py:FedBN --dataset digits --partition dir:0.1 --clients 10 --rounds 20 --set
+    backbone=./examples/bn_cnn.py:build
 """
 
 from torch import nn
@@ -23,9 +24,14 @@ class FedBN(Method):
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
-        self.norm_layers = tuple(f"{n}." for n, m in net.module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+        self.norm_layers = tuple(
+            f"{n}." for n, m in net.module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        )
         if not self.norm_layers:  # without BatchNorm, FedBN is FedAvg
-            raise Unsupported("FedBN keeps BatchNorm layers local and this backbone has none; use backbone=resnet18 or one of your own with BatchNorm.")
+            raise Unsupported(
+                "FedBN keeps BatchNorm layers local and this backbone has none; use backbone=resnet18 or one "
+                "of your own with BatchNorm."
+            )
 
     def is_shared(self, key: str) -> bool:
         return super().is_shared(key) and not key.startswith(self.norm_layers)

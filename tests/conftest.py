@@ -35,6 +35,7 @@ def pytest_collection_modifyitems(items):
 def tiny_batchnorm_backbone():
     """The tests' small BatchNorm backbone (simulations.tiny_batchnorm), known by name in every test."""
     from simulations import tiny_batchnorm
+
     from tuner.models import BACKBONES
 
     BACKBONES["tiny_batchnorm"] = tiny_batchnorm
@@ -68,12 +69,14 @@ def compiling_fails(monkeypatch):
     (on a GPU, a scheduler assertion): a run goes on eager, and a check of the compiled path must then fail."""
     import torch._dynamo.exc
 
-    import tuner.steps
+    import tuner.compile
 
     def failing(fn, device, config):
         def program(*args):
-            raise torch._dynamo.exc.InternalTorchDynamoError("forced: this program cannot be compiled\nthe cause, on a later line")
+            raise torch._dynamo.exc.InternalTorchDynamoError(
+                "forced: this program cannot be compiled\nthe cause, on a later line"
+            )
 
         return program
 
-    monkeypatch.setattr(tuner.steps, "compile_program", failing)
+    monkeypatch.setattr(tuner.compile, "compile_program", failing)

@@ -5,7 +5,7 @@ tests, whose sequential reference runs `reference_run` makes once per session (v
 sequential; no method silently equals another)."""
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch import nn
@@ -66,7 +66,7 @@ def exact_config(method: str, **kw) -> RunConfig:
     return digits(method, **{**exact, **kw})
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_run(method: str):
     """Two rounds on the sequential executor; `sim.drew_globally` says whether a round read torch's global generator."""
     sim = build_simulation(exact_config(method, executor="sequential"))

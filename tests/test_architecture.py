@@ -29,7 +29,8 @@ def imports(path: Path, known: set[str]) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             submodules = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
-            names = submodules or [node.module]  # `from tuner import papers` depends on tuner.papers, not on tuner's __init__
+            # `from tuner import papers` depends on tuner.papers, not on tuner's __init__
+            names = submodules or [node.module]
         out |= {n for n in names if n in known}
     return out
 
@@ -49,6 +50,10 @@ def test_no_module_is_longer_than_a_reader_takes_in_at_once():
 
 
 def test_a_configuration_is_resolved_in_two_places_at_most():
-    calls = [f"{name}:{i}" for name, path in modules().items() for i, line in enumerate(path.read_text().splitlines(), 1)
-             if re.search(r"\.resolved\(\)", line) and not line.lstrip().startswith("#")]  # fmt: skip
+    calls = [
+        f"{name}:{i}"
+        for name, path in modules().items()
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\.resolved\(\)", line) and not line.lstrip().startswith("#")
+    ]
     assert len(calls) <= 2, calls

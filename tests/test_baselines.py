@@ -4,6 +4,7 @@ personalised one beats FedAvg's global model on a pathological split (as its pap
 import pytest
 import torch
 import torch.nn.functional as F
+from simulations import batch, client, digits, reference_run, sim_for
 from torch.func import grad
 from typer.testing import CliRunner
 
@@ -12,21 +13,21 @@ from tuner.cli import app
 from tuner.config import RunConfig
 from tuner.run import build_simulation
 
-from simulations import batch, client, digits, reference_run, sim_for
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", [m.name for m in BASELINES + ROSTER])
 def test_resume_from_a_state_dict_is_exact(method):
     import io
 
-    cfg = dict(join_ratio="0.5-1", val_frac=0.2, dtype="float64")  # bitwise equal, in the precision the equality tests use
+    # bitwise equal, in the precision the equality tests use
+    cfg = dict(join_ratio="0.5-1", val_frac=0.2, dtype="float64")
     straight = sim_for(method, 1, **cfg)  # resumed after round 1: round 2 is where round 1's uploads come back
     checkpoint = io.BytesIO()
     torch.save(straight.state_dict(), checkpoint)  # written as a checkpoint is, before round 2 moves anything
     straight.step()
     resumed = sim_for(method, **cfg)
-    resumed.load_state_dict(torch.load(io.BytesIO(checkpoint.getvalue()), weights_only=True))  # as `tuner run --resume` reads it
+    # as `tuner run --resume` reads it
+    resumed.load_state_dict(torch.load(io.BytesIO(checkpoint.getvalue()), weights_only=True))
     resumed.step()
     for k, v in straight.clients.items():
         assert torch.equal(resumed.clients[k], v), k
@@ -34,10 +35,27 @@ def test_resume_from_a_state_dict_is_exact(method):
 
 
 # Points above FedAvg's global model after five rounds on pathological digits, each method at its defaults.
-PERSONALISED = {m: 0.1 for m in ("pfedme", "ditto", "apfl", "fedrod", "fedbabu", "lg-fedavg", "fedproto", "hypcluster", "fedamp", "fedphp",
-                                 "fedfomo", "pfedhn", "knn-per")}  # fmt: skip
+PERSONALISED = {
+    m: 0.1
+    for m in (
+        "pfedme",
+        "ditto",
+        "apfl",
+        "fedrod",
+        "fedbabu",
+        "lg-fedavg",
+        "fedproto",
+        "hypcluster",
+        "fedamp",
+        "fedphp",
+        "fedfomo",
+        "pfedhn",
+        "knn-per",
+    )
+}
 PERSONALISED["per-fedavg"] = 0.05  # one SGD step of personalisation from the global model (measured +8 points)
-PERSONALISED["fedem-ft-m3"] = 0.05  # its E-step once a round (Algorithm 1) learns the mixture slowly at first (measured +8.4)
+# its E-step once a round (Algorithm 1) learns the mixture slowly at first (measured +8.4)
+PERSONALISED["fedem-ft-m3"] = 0.05
 
 
 @pytest.mark.slow
@@ -72,12 +90,23 @@ def test_scaffold_control_variates_settle_on_a_convex_problem_under_the_runs_opt
     # Option II divides the drift by K η; under momentum m the steps travel about 1 / (1 − m) further, so
     # with K η the controls overshoot and flip sign each round (consecutive changes at cosine ≈ −0.8).
     monkeypatch.setitem(__import__("tuner.models").models.BACKBONES, "linear", linear)
-    sim = sim_for("scaffold", 0, backbone="linear", partition="dir:0.3", momentum=momentum, local_epochs=2, dtype="float64", rounds=30)
+    sim = sim_for(
+        "scaffold",
+        0,
+        backbone="linear",
+        partition="dir:0.3",
+        momentum=momentum,
+        local_epochs=2,
+        dtype="float64",
+        rounds=30,
+    )
     controls = []
     for _ in range(30):
         sim.step()
-        controls.append(torch.cat([sim.clients["scaffold.ci." + k].flatten(1) for k in sim.method.net.param_keys], 1).clone())
-    changes = [b - a for a, b in zip(controls, controls[1:])]
+        controls.append(
+            torch.cat([sim.clients["scaffold.ci." + k].flatten(1) for k in sim.method.net.param_keys], 1).clone()
+        )
+    changes = [b - a for a, b in zip(controls, controls[1:], strict=True)]
     late = range(len(changes) - 10, len(changes))
     relative = sum((changes[i].norm() / controls[i + 1].norm()).item() for i in late) / 10
     turning = sum(F.cosine_similarity(changes[i - 1].flatten(), changes[i].flatten(), 0).item() for i in late) / 10
@@ -112,22 +141,32 @@ def distance_to_global(sim):
 
 
 def test_ditto_trains_the_personal_model_as_many_epochs_as_the_global_one_unless_told():
-    assert [p.epochs for p in sim_for("ditto", local_epochs=3).method.phases()] == [3, 3]  # litian96/ditto: the same local_iters
-    assert [p.epochs for p in sim_for("ditto", local_epochs=3, hparams={"personal_epochs": 1}).method.phases()] == [3, 1]
+    assert [p.epochs for p in sim_for("ditto", local_epochs=3).method.phases()] == [
+        3,
+        3,
+    ]  # litian96/ditto: the same local_iters
+    assert [p.epochs for p in sim_for("ditto", local_epochs=3, hparams={"personal_epochs": 1}).method.phases()] == [
+        3,
+        1,
+    ]
 
 
 def test_fine_tuning_baselines_tune_for_the_runs_local_epochs_as_fedpacs_and_fedems_code():
     for method in ("fedavg_ft", "fedem-ft-m3", "fedem-ft-m5"):
         assert [p.epochs for p in sim_for(method, local_epochs=5).method.eval_phases()] == [5], method
     assert sim_for("fedem-m3", local_epochs=5).method.eval_phases() == []
-    assert [p.epochs for p in sim_for("fedavg_ft", local_epochs=5, hparams={"ft_epochs": 2}).method.eval_phases()] == [2]
+    assert [p.epochs for p in sim_for("fedavg_ft", local_epochs=5, hparams={"ft_epochs": 2}).method.eval_phases()] == [
+        2
+    ]
 
 
 def test_ditto_pulls_the_personal_model_to_the_global_one_by_lambda():
     loose = sim_for("ditto", 2, hparams={"lam": 0.0}, eval_gap=99)
     tight = sim_for("ditto", 2, hparams={"lam": 10.0}, eval_gap=99)
     assert distance_to_global(tight) < 0.5 * distance_to_global(loose)
-    assert sim_for("ditto").method.passes.upload and set(tight.server) == {"global." + k for k in tight.method.net.param_keys}
+    assert sim_for("ditto").method.passes.upload and set(tight.server) == {
+        "global." + k for k in tight.method.net.param_keys
+    }
 
 
 def test_apfl_keeps_or_learns_alpha_within_0_1_and_predicts_with_the_mixture():
@@ -148,9 +187,11 @@ def test_apfl_outputs_form_mixes_the_two_models_logits_and_the_global_model_lear
     m, state = sim.method, client(sim, 0)
     x, y = batch(sim, 0)
     local, global_ = m.net.logits(state, x), m.net.logits(state, x, "global.")
-    torch.testing.assert_close(m.logits(state, sim.server, x), 0.25 * local + 0.75 * global_)  # FedTorch's inference_personal
+    # FedTorch's inference_personal
+    torch.testing.assert_close(m.logits(state, sim.server, x), 0.25 * local + 0.75 * global_)
     parameters = sim_for("apfl", 1, eval_gap=99).method
-    assert not torch.allclose(parameters.logits(state, sim.server, x), m.logits(state, sim.server, x), atol=1e-3)  # the paper's v̄ differs
+    # the paper's v̄ differs
+    assert not torch.allclose(parameters.logits(state, sim.server, x), m.logits(state, sim.server, x), atol=1e-3)
     keys = [k for k in state if k.startswith("global.") and not m.net.is_buffer(k)]
     g = grad(lambda p: m.loss({**state, **p}, sim.server, x, y))({k: state[k] for k in keys})
     own = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x, "global."), y))({k: state[k] for k in keys})
@@ -170,8 +211,9 @@ def test_fedrod_balanced_softmax_uses_the_clients_label_distribution_and_the_per
     # the personal objective's gradient reaches the personal head only
     xb, yb = batch(sim, 0)
     params = {k: state[k] for k in m.net.param_keys}
-    personal = lambda p: m.loss({**state, **p}, sim.server, xb, yb) - F.cross_entropy(  # noqa: E731
-        m.net.head({**state, **p}, m.net.features({**state, **p}, xb)) + state["rod.log_prior"], yb
+    personal = lambda p: (  # noqa: E731
+        m.loss({**state, **p}, sim.server, xb, yb)
+        - F.cross_entropy(m.net.head({**state, **p}, m.net.features({**state, **p}, xb)) + state["rod.log_prior"], yb)
     )
     assert all(g.abs().sum() == 0 for g in grad(personal)(params).values())
 
@@ -244,8 +286,9 @@ def test_pfedme_solves_the_envelope_and_moves_w_towards_theta():
     x, y = batch(sim, 0)
     keys = m.net.param_keys
     theta = m.personal(state, x, y)
-    envelope = lambda th: F.cross_entropy(m.net.logits({**state, **th}, x), y) + m.hp.lam / 2 * sum(  # noqa: E731
-        ((th[k] - state[k]) ** 2).sum() for k in keys
+    envelope = lambda th: (  # noqa: E731
+        F.cross_entropy(m.net.logits({**state, **th}, x), y)
+        + m.hp.lam / 2 * sum(((th[k] - state[k]) ** 2).sum() for k in keys)
     )
     start = {k: state["me." + k] for k in keys}
     assert envelope(theta) < envelope(start)  # K steps descend eq. 7 from the current θ
@@ -278,7 +321,8 @@ def test_pfedme_official_predicts_with_w_i_as_local_training_left_it_and_decays_
     state, x = client(sim, 0), batch(sim, 0, split="test")[0]
     assert not torch.allclose(state[keys[0]], trained[keys[0]][0])  # the received model replaced w_0 ...
     w0 = {k: trained[k][0] for k in keys}
-    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **w0}, x))  # ... yet w_0 as trained predicts
+    # ... yet w_0 as trained predicts
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **w0}, x))
     assert not torch.allclose(m.logits(state, sim.server, x), m.net.logits(state, x, "me."))  # not θ_0
     # the inner steps carry pFedMeOptimizer's weight decay μ = 0.001 on θ: one step from θ = w, λ = 0
     paper = METHODS["pfedme"](m.net, m.training, m.Hparams(lam=0.0, inner_steps=1))
@@ -298,8 +342,14 @@ def test_hypcluster_clients_take_the_model_of_lowest_loss_and_clusters_average_t
     assert torch.equal(choice.sum(1), torch.ones(6))
     for i in range(6):  # the choice is the model of lowest loss on the client's training data, before training
         x, y = sim.data.train.client(i)
-        losses = [F.cross_entropy(m.net.logits({k: before["hyp.model." + k][j] for k in m.net.param_keys}, sim.data.decode(x)), y, reduction="sum")
-                  for j in range(3)]  # fmt: skip
+        losses = [
+            F.cross_entropy(
+                m.net.logits({k: before["hyp.model." + k][j] for k in m.net.param_keys}, sim.data.decode(x)),
+                y,
+                reduction="sum",
+            )
+            for j in range(3)
+        ]
         assert choice[i].argmax() == torch.stack(losses).argmin()
     n = torch.tensor(sim.data.train.counts, dtype=torch.float32)
     key = m.net.param_keys[0]
@@ -316,7 +366,9 @@ def test_fedem_mixture_weights_are_mean_responsibilities_and_prediction_is_the_m
     pi = state["em.pi"]
     assert pi.sum().item() == pytest.approx(1.0) and not torch.allclose(pi, torch.full_like(pi, 1 / 3))
     x = batch(sim, 0, 5, "test")[0]
-    probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
+    probs = torch.stack(
+        [F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)]
+    )
     torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(pi, probs, dims=1))
 
 
@@ -327,7 +379,9 @@ def test_fedem_ft_predicts_with_the_authors_uniform_weights_unless_told_pi():
         weights = torch.full((3,), 1 / 3) if mix == "uniform" else state["em.pi"]
         assert mix == "uniform" or not torch.allclose(weights, torch.full((3,), 1 / 3))
         x = batch(sim, 0, 5, "test")[0]
-        probs = torch.stack([F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)])
+        probs = torch.stack(
+            [F.softmax(m.net.logits({k: state["em.model." + k][j] for k in m.net.param_keys}, x), -1) for j in range(3)]
+        )
         torch.testing.assert_close(m.logits(state, sim.server, x).exp(), torch.tensordot(weights, probs, dims=1))
     res = CliRunner().invoke(app, ["run", "fedem-ft-m3", "--dataset", "digits", "--set", "ft_mix=average"])
     assert res.exit_code == 2 and "ft_mix" in res.output and "Traceback" not in res.output, res.output
@@ -337,12 +391,19 @@ def test_fedem_m_step_weighs_samples_by_the_e_steps_responsibilities_fixed_throu
     sim = sim_for("fedem", 1)
     m, state = sim.method, client(sim, 0)
     x, y = batch(sim, 0)
-    moved = {**state, **{k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.startswith("em.model.")}}  # the M-step's steps
+    moved = {
+        **state,
+        **{k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.startswith("em.model.")},
+    }  # the M-step's steps
     params = [k for k in state if k.startswith("em.model.") and k[len("em.model.") :] in m.net.param_keys]
     g = grad(lambda p: m.loss({**moved, **p}, sim.server, x, y))({k: moved[k] for k in params})
-    weighted = lambda q: grad(lambda p: -(q * m.log_likelihoods({**moved, **p}, x, y)).sum(0).mean())({k: moved[k] for k in params})  # noqa: E731
-    q_estep = m.responsibilities(state["em.estep.em.pi"], m.log_likelihoods(state, x, y, "em.estep.em.model."))  # the round's start
-    q_moving = m.responsibilities(state["em.estep.em.pi"], m.log_likelihoods(moved, x, y))  # recomputed from the moved components
+    weighted = lambda q: grad(lambda p: -(q * m.log_likelihoods({**moved, **p}, x, y)).sum(0).mean())(  # noqa: E731
+        {k: moved[k] for k in params}
+    )
+    # the round's start
+    q_estep = m.responsibilities(state["em.estep.em.pi"], m.log_likelihoods(state, x, y, "em.estep.em.model."))
+    # recomputed from the moved components
+    q_moving = m.responsibilities(state["em.estep.em.pi"], m.log_likelihoods(moved, x, y))
     expected, per_batch = weighted(q_estep), weighted(q_moving)
     for k in params:
         torch.testing.assert_close(g[k], expected[k])
@@ -369,7 +430,9 @@ def test_fedamp_attention_is_exact_for_nearly_equal_models_among_many_clients():
     sim = sim_for("fedamp", 0, clients=30, partition="iid", hparams={"sigma": 1e-6, "alpha_k": 1e-6})
     m, keys = sim.method, sim.method.net.param_keys
     g = torch.Generator().manual_seed(0)
-    uploads = {k: v + torch.randn(v.shape, generator=g) for k, v in sim.clients.items() if k in keys}  # the others far apart
+    uploads = {
+        k: v + torch.randn(v.shape, generator=g) for k, v in sim.clients.items() if k in keys
+    }  # the others far apart
     for k in keys:  # client 1 next to client 0: beyond 25 rows cdist's matrix-product path rounds this distance to 0
         uploads[k][1] = uploads[k][0] + 1e-4 * (uploads[k][0].numel() ** -0.5)
     out = m.aggregate(sim.server, uploads, sim.at(1, list(range(30))))
@@ -390,7 +453,9 @@ def test_fedphp_trains_from_the_global_model_towards_the_private_one_and_inherit
     keys = m.net.param_keys + ["php.private." + q for q in m.net.param_keys]
     g = grad(lambda p: m.loss({**state, **p}, server, x, y))({p: state[p] for p in keys})
     assert all(g["php.private." + q].abs().sum() == 0 for q in m.net.param_keys)  # the teacher is not trained
-    assert g[k].abs().sum() > 0 and m.loss(state, server, x, y) != m.loss({**state, "php.private." + k: server[k]}, server, x, y)
+    assert g[k].abs().sum() > 0 and m.loss(state, server, x, y) != m.loss(
+        {**state, "php.private." + k: server[k]}, server, x, y
+    )
     trained = {**state, k: state[k] + 1.0}
     mu = m.hp.mu * 2 / 4  # two earlier rounds of training out of ρT = 4
     out = m.end_local(trained, server, {}, sim.at(3, [0]).client(0))
@@ -406,9 +471,11 @@ def test_fedphp_pfllib_form_inherits_on_receipt_and_learns_from_the_global_teach
     mu = m.hp.mu * 2 / 4  # round 3 of 4: two rounds done (PFLlib's R = 2)
     received = m.broadcast(state, server, sim.at(3, [0]).client(0))
     torch.testing.assert_close(received[k], (1 - mu) * server[k] + mu * state[k])
-    first, last = (m.broadcast(state, server, sim.at(n, [0]).client(0))[k] for n in (1, 5))  # round 1; after round 4, for evaluation
+    # round 1; after round 4, for evaluation
+    first, last = (m.broadcast(state, server, sim.at(n, [0]).client(0))[k] for n in (1, 5))
     torch.testing.assert_close(first, server[k])  # round 1 trains from the global model alone (R = 0)
-    torch.testing.assert_close(last, (1 - m.hp.mu) * server[k] + m.hp.mu * state[k])  # μ after the last round, never more
+    # μ after the last round, never more
+    torch.testing.assert_close(last, (1 - m.hp.mu) * server[k] + m.hp.mu * state[k])
     torch.testing.assert_close(received["php.teacher." + k], server[k])
     x, y = batch(sim, 0)
     params = {p: received[p] for p in m.net.param_keys + ["php.teacher." + q for q in m.net.param_keys]}
@@ -419,7 +486,7 @@ def test_fedphp_pfllib_form_inherits_on_receipt_and_learns_from_the_global_teach
 def test_fedfomo_weighs_candidates_on_held_out_data_against_the_model_it_began_training_from():
     sim = sim_for("fedfomo", 0, join_ratio="1", hparams={"m": 3})
     counts, held = sim.data.train.counts, sim.data.holdout.counts
-    assert all(h == int(0.2 * (c + h)) for c, h in zip(counts, held))  # 20 % held out, never trained on
+    assert all(h == int(0.2 * (c + h)) for c, h in zip(counts, held, strict=True))  # 20 % held out, never trained on
     assert torch.equal(sim.server["fomo.affinity"], torch.eye(6))  # a client's own stored model is its first candidate
     assert sim.clients["fomo.chosen"][0].tolist()[0] == 0
     m, k = sim.method, sim.method.net.param_keys[0]
@@ -427,9 +494,16 @@ def test_fedfomo_weighs_candidates_on_held_out_data_against_the_model_it_began_t
     stats = {"old": torch.tensor(10.0), "others": torch.tensor([5.0, 20.0, 10.0]), "n": torch.tensor(1.0)}
     out = m.begin_local(state, sim.server, stats, sim.at(1, [0]).client(0))
     chosen = state["fomo.chosen"]
-    gaps = torch.stack([sum(((sim.server["fomo.models." + q][j] - state["fomo.old." + q]) ** 2).sum() for q in m.net.param_keys) for j in chosen]).sqrt()
-    torch.testing.assert_close(out["fomo.weights"], torch.tensor([5.0, -10.0, 0.0]) / (gaps + 1e-5))  # eq. 3, raw: P adds these
-    torch.testing.assert_close(out[k], sim.server["fomo.models." + k][chosen[0]])  # eq. 4: only the candidate that lowers the loss
+    gaps = torch.stack(
+        [
+            sum(((sim.server["fomo.models." + q][j] - state["fomo.old." + q]) ** 2).sum() for q in m.net.param_keys)
+            for j in chosen
+        ]
+    ).sqrt()
+    # eq. 3, raw: P adds these
+    torch.testing.assert_close(out["fomo.weights"], torch.tensor([5.0, -10.0, 0.0]) / (gaps + 1e-5))
+    # eq. 4: only the candidate that lowers the loss
+    torch.testing.assert_close(out[k], sim.server["fomo.models." + k][chosen[0]])
     torch.testing.assert_close(out["fomo.old." + k], out[k])  # the next round weighs against this model
 
 
@@ -459,7 +533,15 @@ def test_pfedhn_hypernetwork_is_the_reference_cnnhyper_four_linear_layers_and_no
     from torch import nn
 
     mlp = sim_for("pfedhn").method.hypernetwork.mlp
-    assert [type(m) for m in mlp] == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]  # n_hidden = 3
+    assert [type(m) for m in mlp] == [
+        nn.Linear,
+        nn.ReLU,
+        nn.Linear,
+        nn.ReLU,
+        nn.Linear,
+        nn.ReLU,
+        nn.Linear,
+    ]  # n_hidden = 3
 
 
 def test_pfedhn_steps_after_each_client_in_order_with_the_gradient_clipped_at_50(monkeypatch):
@@ -513,18 +595,28 @@ def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_
 def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_model_can_outvote_them():
     from torch import nn
 
-    from algorithms.base import Training
-    from algorithms.net import Net
     from algorithms.knnper import KNNPer, KNNPerHparams
+    from algorithms.net import Net
+    from algorithms.rounds import Training
     from tuner.models import Backbone
 
     d, classes = 128, 40
-    m = KNNPer(Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)), Training(0.1, 1, 10, classes, clients=1), KNNPerHparams(k=10, lam=1.0))
+    m = KNNPer(
+        Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)),
+        Training(0.1, 1, 10, classes, clients=1),
+        KNNPerHparams(k=10, lam=1.0),
+    )
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(30, d, generator=g)  # features of a 128-wide extractor: squared distances ~ 2d apart
     bias = torch.zeros(classes)
     bias[35] = 30.0  # the model is sure of class 35, which no neighbour has
-    state = {"head.weight": torch.zeros(classes, d), "head.bias": bias, "knn.keys": keys, "knn.labels": torch.arange(30), "knn.mask": torch.ones(30)}
+    state = {
+        "head.weight": torch.zeros(classes, d),
+        "head.bias": bias,
+        "knn.keys": keys,
+        "knn.labels": torch.arange(30),
+        "knn.mask": torch.ones(30),
+    }
     x = keys[:1] + 0.5 * torch.randn(1, d, generator=g)
     assert m.logits(state, None, x).exp().max() < 0.9  # λ = 1: the kNN vote alone, not one-hot over 10 distinct labels
     m.hp.lam = 0.6  # FedPAC's grid: 0.5 … 0.8
@@ -534,18 +626,26 @@ def test_knn_per_neighbour_weights_are_smooth_on_wide_features_so_a_confident_mo
 def test_knn_per_chooses_lambda_on_the_grid_by_leave_one_out_accuracy_on_its_own_datastore():
     from torch import nn
 
-    from algorithms.base import Training
-    from algorithms.net import Net
     from algorithms.knnper import LAMBDA_GRID, KNNPer, KNNPerHparams
+    from algorithms.net import Net
+    from algorithms.rounds import Training
     from tuner.models import Backbone
 
     d, classes, n = 8, 4, 40
-    m = KNNPer(Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)), Training(0.1, 1, 10, classes, clients=1), KNNPerHparams())
+    m = KNNPer(
+        Net(Backbone(nn.Identity(), nn.Linear(d, classes), d)),
+        Training(0.1, 1, 10, classes, clients=1),
+        KNNPerHparams(),
+    )
     assert m.hp.k == 7 and m.hp.lam is None
     g = torch.Generator().manual_seed(1)
     labels = torch.arange(n) % classes
-    keys = 3 * F.one_hot(labels, d).double() + torch.randn(n, d, generator=g, dtype=torch.float64)  # neighbours know the label
-    head = {"head.weight": torch.randn(classes, d, generator=g, dtype=torch.float64), "head.bias": torch.zeros(classes, dtype=torch.float64)}
+    # neighbours know the label
+    keys = 3 * F.one_hot(labels, d).double() + torch.randn(n, d, generator=g, dtype=torch.float64)
+    head = {
+        "head.weight": torch.randn(classes, d, generator=g, dtype=torch.float64),
+        "head.bias": torch.zeros(classes, dtype=torch.float64),
+    }
     state = {**head, "knn.keys": keys, "knn.labels": labels, "knn.mask": torch.ones(n, dtype=torch.float64)}
 
     def loo_accuracy(lam):  # each sample predicted by the model and its 7 nearest other samples
@@ -563,8 +663,12 @@ def test_knn_per_chooses_lambda_on_the_grid_by_leave_one_out_accuracy_on_its_own
     scores = [loo_accuracy(lam) for lam in LAMBDA_GRID]
     assert len(set(scores)) > 1  # the choice matters here
     assert m.chosen_lambda(state).item() == LAMBDA_GRID[scores.index(max(scores))]
-    padded = {**state, "knn.keys": torch.cat([keys, torch.zeros(5, d, dtype=torch.float64)]),
-              "knn.labels": torch.cat([labels, torch.zeros(5, dtype=torch.long)]), "knn.mask": torch.cat([state["knn.mask"], torch.zeros(5, dtype=torch.float64)])}  # fmt: skip
+    padded = {
+        **state,
+        "knn.keys": torch.cat([keys, torch.zeros(5, d, dtype=torch.float64)]),
+        "knn.labels": torch.cat([labels, torch.zeros(5, dtype=torch.long)]),
+        "knn.mask": torch.cat([state["knn.mask"], torch.zeros(5, dtype=torch.float64)]),
+    }
     assert m.chosen_lambda(padded).item() == m.chosen_lambda(state).item()  # padding is never a neighbour nor counted
     x = keys[:3] + 0.1
     m.hp.mix = "logits"  # the original scripts' form: kNN probabilities mixed with the model's logits
@@ -602,10 +706,16 @@ def test_no_method_silently_equals_another():
     for a in runs:
         for b in runs:
             if a < b and not same_method(a, b):
-                equal = all(abs(x - y) < 1e-9 for ra, rb in zip(runs[a], runs[b]) for x, y in zip(ra, rb))
+                equal = all(
+                    abs(x - y) < 1e-9
+                    for ra, rb in zip(runs[a], runs[b], strict=True)
+                    for x, y in zip(ra, rb, strict=True)
+                )
                 assert not equal, f"{a} runs exactly as {b}"
     for a, b in [*LIMITS, ("hypcluster", "hypcluster-k3")]:  # the limits hold
-        assert all(abs(x - y) < 1e-9 for ra, rb in zip(runs[a], runs[b]) for x, y in zip(ra, rb)), (a, b)
+        assert all(
+            abs(x - y) < 1e-9 for ra, rb in zip(runs[a], runs[b], strict=True) for x, y in zip(ra, rb, strict=True)
+        ), (a, b)
 
 
 @pytest.mark.parametrize("method", ["fedadam", "fedyogi"])

@@ -6,15 +6,14 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tuner.compile import INDUCTOR_CONFIGS
 from tuner.config import RunConfig
-from tuner.steps import INDUCTOR_CONFIGS
 
 INDUCTOR_DEFAULT = INDUCTOR_CONFIGS[0][0]
 
@@ -32,47 +31,110 @@ def without_ray_and_optuna(tmp_path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_adding_to_one_folder(tmp_path, monkeypatch):
+def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_adding_to_one_folder(
+    tmp_path, monkeypatch
+):
     """bench/gpu_check.py --smoke (its four stages, compiled), then campaign commands adding their stages to the same
     folder: the eager checks join the compiled one, and a later command starts no finished run again."""
     out = tmp_path / "campaign"
     env = without_ray_and_optuna(tmp_path)
-    check = subprocess.run([sys.executable, str(ROOT / "bench/gpu_check.py"), "--smoke", "--device", "cpu", "--parallel", "1", "--out", str(out)],
-                           env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    check = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/gpu_check.py"),
+            "--smoke",
+            "--device",
+            "cpu",
+            "--parallel",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert check.returncode == 0, check.stderr[-2000:]
     assert printed_stages(check) == ["environment", "correctness", "speed", "profile"]  # one line per stage, in order
     results = json.loads((out / "campaign.json").read_text())
     assert not [s for s in results if "error" in results[s]]
-    assert results["environment"]["packages"]["torch"] and "cvxpy" in results["environment"]["packages"] and results["environment"]["commit"]
+    assert (
+        results["environment"]["packages"]["torch"]
+        and "cvxpy" in results["environment"]["packages"]
+        and results["environment"]["commit"]
+    )
     compiled = results["correctness"]["checks"]["compiled: fedavg"]
-    assert compiled["status"] == "passed" and compiled["programs"] > 0 and compiled["inductor"] == "torch's default Inductor configuration"
+    assert (
+        compiled["status"] == "passed"
+        and compiled["programs"] > 0
+        and compiled["inductor"] == "torch's default Inductor configuration"
+    )
     figures = results["speed"]["figures"]
     assert set(figures) == {"fedavg"}
-    assert {"eager s/round", "compiled s/round", "% of chain bound", "compiled whole round s", "graph calls", "graph skips"} <= set(figures["fedavg"])
-    assert figures["fedavg"]["recompiles"] == figures["fedavg"]["second trial programs"] == 0 < figures["fedavg"]["programs"]
+    assert {
+        "eager s/round",
+        "compiled s/round",
+        "% of chain bound",
+        "compiled whole round s",
+        "graph calls",
+        "graph skips",
+    } <= set(figures["fedavg"])
+    assert (
+        figures["fedavg"]["recompiles"]
+        == figures["fedavg"]["second trial programs"]
+        == 0
+        < figures["fedavg"]["programs"]
+    )
     assert figures["fedavg"]["% of ceiling"] > 0
     assert results["profile"]["top"] and results["profile"]["wall_s"] > 0 and "graph calls" in results["profile"]
 
-    command = [sys.executable, str(ROOT / "bench/gpu_campaign.py"), "--smoke", "--device", "cpu", "--out", str(out), "--columns", "fedpac-20"]
-    proc = subprocess.run([*command, "--stages", "correctness,sharing,real-run"], env=env, capture_output=True, text=True, timeout=900)
+    command = [
+        sys.executable,
+        str(ROOT / "bench/gpu_campaign.py"),
+        "--smoke",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--columns",
+        "fedpac-20",
+    ]
+    proc = subprocess.run(
+        [*command, "--stages", "correctness,sharing,real-run"], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert printed_stages(proc) == ["correctness", "sharing", "real run"]
     results = json.loads((out / "campaign.json").read_text())
     assert list(results) == STAGES and not [s for s in STAGES if "error" in results[s]]
     checks = results["correctness"]["checks"]  # the check's compiled one kept beside the campaign's eager ones
-    assert {"compiled: fedavg", "executors equal: fedpac", "ResNet-18 BatchNorm under vmap", "exact resume on the device"} <= set(checks)
+    assert {
+        "compiled: fedavg",
+        "executors equal: fedpac",
+        "ResNet-18 BatchNorm under vmap",
+        "exact resume on the device",
+    } <= set(checks)
     assert all(c["status"] == "passed" for c in checks.values()), checks
-    assert set(results["sharing"]["rounds_per_second"]) == {"1", "2"} and "MPS: not on this node" in results["sharing"]["line"]
+    assert (
+        set(results["sharing"]["rounds_per_second"]) == {"1", "2"}
+        and "MPS: not on this node" in results["sharing"]["line"]
+    )
     runs = results["real run"]["runs"]  # FedPAC Table 1's first two rows, in miniature
-    assert set(runs) == {"fedpac-20/local", "fedpac-20/fedavg"} and all(r["finished"] and r["rounds"] == 2 for r in runs.values())
+    assert set(runs) == {"fedpac-20/local", "fedpac-20/fedavg"} and all(
+        r["finished"] and r["rounds"] == 2 for r in runs.values()
+    )
     assert len(pd.read_parquet(out / "runs/fedpac-20/local/metrics.parquet")) == 2  # a run `tuner report` reads
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} |" in summary for s in STAGES)
 
-    monkeypatch.setattr(sys, "argv", [*command[1:], "--stages", "real-run"])  # a later command, here: what it would start, it starts
+    # a later command, here: what it would start, it starts
+    monkeypatch.setattr(sys, "argv", [*command[1:], "--stages", "real-run"])
     load_campaign().main()
     ran = [line for line in (out / "runs/fedpac-20/local.log").read_text().splitlines() if "rounds run" in line]
-    assert len(ran) == 1 and json.loads((out / "campaign.json").read_text())["real run"]["runs"]["fedpac-20/local"]["finished"]
+    assert (
+        len(ran) == 1
+        and json.loads((out / "campaign.json").read_text())["real run"]["runs"]["fedpac-20/local"]["finished"]
+    )
     assert len(pd.read_parquet(out / "runs/fedpac-20/local/metrics.parquet")) == 2  # no round twice
 
 
@@ -87,13 +149,25 @@ def test_the_compiled_figures_and_checks_refuse_a_run_that_went_on_eager(compili
     from bench.compile_once import trial_seconds
     from bench.engine_speed import NotCompiled, measure
 
-    cfg = RunConfig(method="fedavg", dataset="digits", partition="dir:0.3", clients=4, batch_size=40, dtype="float64", engine="compiled")
+    cfg = RunConfig(
+        method="fedavg",
+        dataset="digits",
+        partition="dir:0.3",
+        clients=4,
+        batch_size=40,
+        dtype="float64",
+        engine="compiled",
+    )
     with pytest.raises(AssertionError, match="the compiled run went on eager") as failed:
         campaign.executors_equal(cfg, "cpu", rounds=1)
-    assert "the cause, on a later line" in str(failed.value)  # the whole error, for a bug report (pFedMe's on the H200 was cut to its first line)
-    campaign.executors_equal(replace(cfg, engine="eager"), "cpu", rounds=1)  # the same check of an eager run asks nothing of it
+    # the whole error, for a bug report (pFedMe's on the H200 was cut to its first line)
+    assert "the cause, on a later line" in str(failed.value)
+    # the same check of an eager run asks nothing of it
+    campaign.executors_equal(replace(cfg, engine="eager"), "cpu", rounds=1)
     with pytest.raises(NotCompiled, match="fedavg's compiled run went on eager"):
-        measure("fedavg", "cpu", rounds=1, dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")
+        measure(
+            "fedavg", "cpu", rounds=1, dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp"
+        )
     with pytest.raises(RuntimeError, match="the compiled trial went on eager"):
         trial_seconds(rounds=2, clients=4)
 
@@ -115,8 +189,21 @@ def test_a_failing_check_or_stage_is_recorded_and_the_campaign_goes_on(tmp_path)
     assert failed["status"] == "failed" and "vectorized differs" in failed["message"]
     assert campaign._check(0.0, broken) == {"status": "skipped"}  # past its stage's time: not run, said so
 
-    args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True, "stages": "speed,environment",
-                             "methods": None, "engine": "eager", "columns": "fedpac-20"})()  # fmt: skip
+    args = type(
+        "Args",
+        (),
+        {
+            "out": str(tmp_path),
+            "device": "cpu",
+            "data": None,
+            "budget_min": 1.0,
+            "smoke": True,
+            "stages": "speed,environment",
+            "methods": None,
+            "engine": "eager",
+            "columns": "fedpac-20",
+        },
+    )()
     c = campaign.Campaign(args)
     c.stage("speed", lambda deadline: 1 / 0)
     c.stage("environment", c.environment)
@@ -144,7 +231,10 @@ def test_a_method_whose_measurement_breaks_keeps_the_figures_measured_before(mon
     monkeypatch.setattr(engine_speed, "chain_bound_seconds", lambda sim: 1 / 0)
     args = type("Args", (), {"smoke": True})()
     written: list[dict] = []
-    result = speed(type("Campaign", (), {"args": args, "device": "cpu", "progress": lambda _, r: written.append(r)})(), deadline=float("inf"))
+    result = speed(
+        type("Campaign", (), {"args": args, "device": "cpu", "progress": lambda _, r: written.append(r)})(),
+        deadline=float("inf"),
+    )
     fedavg = result["figures"]["fedavg"]
     assert fedavg["error"].startswith("ZeroDivisionError") and fedavg["compiled s/round"] > 0 and fedavg["programs"] > 0
     assert "fedavg: ZeroDivisionError" in result["line"] and written == [result]  # written as the method ended
@@ -160,18 +250,36 @@ def test_a_time_limit_inside_a_method_keeps_the_figures_it_reached(monkeypatch):
         out["eager s/round"] = {"fedavg": 2.0, "gpfl": 6.0}[method]
         if method == "gpfl":
             raise KeyboardInterrupt
-        out |= {"compiled s/round": 0.5, "compile + first round s": 9.0, "second trial: compile + first round s": 0.4,
-                "second trial programs": 0, "graph calls": 3, "graph skips": 0}  # fmt: skip
+        out |= {
+            "compiled s/round": 0.5,
+            "compile + first round s": 9.0,
+            "second trial: compile + first round s": 0.4,
+            "second trial programs": 0,
+            "graph calls": 3,
+            "graph skips": 0,
+        }
 
     monkeypatch.setattr(stage, "measure", measure)
     args = type("Args", (), {"smoke": False, "speed_methods": ["fedavg", "gpfl"]})()
     written: list[dict] = []
-    campaign = type("Campaign", (), {"args": args, "device": "cpu", "data": None, "progress": lambda _, r: written.append(json.loads(json.dumps(r)))})()
+    campaign = type(
+        "Campaign",
+        (),
+        {
+            "args": args,
+            "device": "cpu",
+            "data": None,
+            "progress": lambda _, r: written.append(json.loads(json.dumps(r))),
+        },
+    )()
     with pytest.raises(KeyboardInterrupt):
         stage.speed(campaign, deadline=float("inf"))
     assert [sorted(w["figures"]) for w in written] == [["fedavg"], ["fedavg", "gpfl"]]
     assert written[-1]["figures"]["gpfl"] == {"eager s/round": 6.0}
-    assert written[-1]["line"].startswith("fedavg 2 -> 0.5 s/round") and "gpfl: stopped before its figures were complete" in written[-1]["line"]
+    assert (
+        written[-1]["line"].startswith("fedavg 2 -> 0.5 s/round")
+        and "gpfl: stopped before its figures were complete" in written[-1]["line"]
+    )
 
 
 def test_the_pages_quote_the_h100_speed_stage_as_committed():
@@ -183,21 +291,33 @@ def test_the_pages_quote_the_h100_speed_stage_as_committed():
     assert fedcp["compile retries"] == 1 and fedcp["whole round recompiles"] == 0 and fedpac["compile retries"] == 0
     performance = flat("docs/performance.md")
     for phrase in [
-        f"FedCP, Table 1 training: {fedcp['eager s/round']:.2f} s a round eager; compiled, a whole round with every client's evaluation "
-        f"{fedcp['compiled whole round s']:.3f} s; {fedcp['compile + first round s']:.0f} s compiling the first round ({fedcp['programs']} programs",
-        f"a second trial {fedcp['second trial programs']} programs, its first round {fedcp['second trial: compile + first round s']:.2f} s; "
+        f"FedCP, Table 1 training: {fedcp['eager s/round']:.2f} s a round eager; compiled, a whole round with "
+        "every client's evaluation "
+        f"{fedcp['compiled whole round s']:.3f} s; {fedcp['compile + first round s']:.0f} s compiling the "
+        f"first round ({fedcp['programs']} programs",
+        f"a second trial {fedcp['second trial programs']} programs, its first round "
+        f"{fedcp['second trial: compile + first round s']:.2f} s; "
         f"the chain bound {fedcp['chain bound s']:.3f} s",
-        f"Its training-only figure ({fedcp['compiled s/round']:.2f} s) counts {fedcp['recompiles']} programs compiled during its timed rounds",
-        f"{fedpac['eager s/round']:.3f} s a round eager against {fedpac['compiled s/round']:.3f} compiled ({fedpac['eager / compiled']:.1f}×), "
-        f"{fedpac['compiled whole round s']:.3f} with evaluation; {fedpac['compile + first round s']:.0f} s compiling the first round "
-        f"({fedpac['programs']} programs, under the default configuration); a second trial {fedpac['second trial programs']} programs",
+        f"Its training-only figure ({fedcp['compiled s/round']:.2f} s) counts {fedcp['recompiles']} programs "
+        "compiled during its timed rounds",
+        f"{fedpac['eager s/round']:.3f} s a round eager against {fedpac['compiled s/round']:.3f} compiled "
+        f"({fedpac['eager / compiled']:.1f}×), "
+        f"{fedpac['compiled whole round s']:.3f} with evaluation; {fedpac['compile + first round s']:.0f} s "
+        "compiling the first round "
+        f"({fedpac['programs']} programs, under the default configuration); a second trial "
+        f"{fedpac['second trial programs']} programs",
         f"{fedpac['% of chain bound']:.0f} % of its chain bound ({fedpac['chain bound s']:.3f} s)",
-        f"20 compiled steps in {prof['wall_s']:.3f} s, every one a CUDA graph ({prof['graph calls']} graph calls with the 20 steps before them that compiled, {prof['graph skips']} skipped), "
+        f"20 compiled steps in {prof['wall_s']:.3f} s, every one a CUDA graph ({prof['graph calls']} graph "
+        f"calls with the 20 steps before them that compiled, {prof['graph skips']} skipped), "
         f"and the GPU busy {100 * prof['device_busy_share']:.0f} % of that time",
-    ]:  # fmt: skip
+    ]:
         assert phrase in performance, phrase
-    assert (f"On an H100 FedPAC's Table 1 round ran in {fedpac['compiled s/round']:.3f} s compiled against {fedpac['eager s/round']:.3f} eager, "
-            f"and FedCP's whole round with evaluation in {fedcp['compiled whole round s']:.2f} s against {fedcp['eager s/round']:.2f} eager") in flat("README.md")  # fmt: skip
+    assert (
+        f"On an H100 FedPAC's Table 1 round ran in {fedpac['compiled s/round']:.3f} s compiled against "
+        f"{fedpac['eager s/round']:.3f} eager, "
+        f"and FedCP's whole round with evaluation in {fedcp['compiled whole round s']:.2f} s against "
+        f"{fedcp['eager s/round']:.2f} eager"
+    ) in flat("README.md")
 
 
 def test_the_performance_page_quotes_the_h200_compile_diagnostics_as_committed():
@@ -206,21 +326,44 @@ def test_the_performance_page_quotes_the_h200_compile_diagnostics_as_committed()
     folder = ROOT / "results/gpu/h200-9f08411"
     fedavg = json.loads((folder / "fedavg-speed.json").read_text())
     figures = fedavg["figures"]["fedavg"]
-    assert (fedavg["commit"], fedavg["machine"], fedavg["torch"]) == ("9f08411", "NVIDIA H200, 16 CPU cores", "2.11.0+cu130")
+    assert (fedavg["commit"], fedavg["machine"], fedavg["torch"]) == (
+        "9f08411",
+        "NVIDIA H200, 16 CPU cores",
+        "2.11.0+cu130",
+    )
     assert figures["recompiles"] == 0 and figures["compile retries"] == 1 and figures["second trial programs"] == 2
     log = (folder / "fedavg-speed.log").read_text()
     # each recompile of tuner/steps.py's step (frame 0), once, with the size that caused it
-    sizes = list(dict(re.findall(r"\[0/(\d+)\] \[__recompiles\] +- 0/\d+: tensor 'x' size mismatch at index 0\. expected \d+, actual (\d+)", log)).values())
-    assert sizes == ["16", "8", "8", "4", "2", "1", "20", "16"]  # 8 once a configuration; then the second trial's 20 and 16
+    sizes = list(
+        dict(
+            re.findall(
+                r"\[0/(\d+)\] \[__recompiles\] +- 0/\d+: tensor 'x' size mismatch at index 0\. expected \d+, "
+                r"actual (\d+)",
+                log,
+            )
+        ).values()
+    )
+    assert sizes == [
+        "16",
+        "8",
+        "8",
+        "4",
+        "2",
+        "1",
+        "20",
+        "16",
+    ]  # 8 once a configuration; then the second trial's 20 and 16
     assert log.count("BACKEND_MATCH failure") == 2
     pfedme = (folder / "pfedme.log").read_text()
     assert "NameError('in_ptr8 is not defined')" in pfedme and "in_ptr7, in_ptr9," in pfedme
     performance = " ".join((ROOT / "docs/performance.md").read_text().split())
     for phrase in [
-        "FedAvg's timed rounds compiled nothing (its padded sizes 20 and 16 under the default configuration, 8 failed, and 8, 4, 2, 1 under the second)",
-        f"But a second trial in the same process compiled 20 and 16 again ({figures['second trial programs']} programs)",
+        "FedAvg's timed rounds compiled nothing (its padded sizes 20 and 16 under the default configuration, "
+        "8 failed, and 8, 4, 2, 1 under the second)",
+        f"But a second trial in the same process compiled 20 and 16 again ({figures['second trial programs']} "
+        "programs)",
         "`NameError('in_ptr8 is not defined')`",
-    ]:  # fmt: skip
+    ]:
         assert phrase in performance, phrase
 
 
@@ -232,29 +375,43 @@ def test_the_pages_quote_the_h200_check_as_committed():
     gpfl, fedavg = speed["gpfl"], speed["fedavg"]
     passed = [c for c in checks.values() if c["status"] == "passed"]
     assert check["environment"]["name"] == "NVIDIA H200" and check["environment"]["torch"] == "2.11.0+cu130"
-    assert check["correctness"]["failed"] == ["compiled: pfedme"] and "SubprocException" in checks["compiled: pfedme"]["message"]
+    assert (
+        check["correctness"]["failed"] == ["compiled: pfedme"]
+        and "SubprocException" in checks["compiled: pfedme"]["message"]
+    )
     assert [n for n, c in checks.items() if c.get("inductor") == INDUCTOR_DEFAULT] == ["compiled: gpfl"]
     largest = max(c["max_abs_difference"] for c in passed)
     performance = flat("docs/performance.md")
     for phrase in [
-        f"Correctness: {len(passed)} of {len(checks)} families compiled on the GPU equal sequential eager on the CPU in float64 (largest difference {largest:.1e})",
-        f"every compiled step a CUDA graph ({sum(c['graph calls'] for c in passed)} graph calls, {sum(c['graph skips'] for c in passed)} skipped)",
-        f"{gpfl['eager s/round']:.2f} s a round eager, {gpfl['compiled s/round']:.3f} compiled ({gpfl['eager / compiled']:.1f}×), "
-        f"{gpfl['compiled whole round s']:.3f} with every client's evaluation; {gpfl['compile + first round s']:.0f} s compiling the first round "
-        f"({gpfl['programs']} programs); a second trial {gpfl['second trial programs']} programs, its first round {gpfl['second trial: compile + first round s']:.2f} s",
+        f"Correctness: {len(passed)} of {len(checks)} families compiled on the GPU equal sequential eager on "
+        f"the CPU in float64 (largest difference {largest:.1e})",
+        f"every compiled step a CUDA graph ({sum(c['graph calls'] for c in passed)} graph calls, "
+        f"{sum(c['graph skips'] for c in passed)} skipped)",
+        f"{gpfl['eager s/round']:.2f} s a round eager, {gpfl['compiled s/round']:.3f} compiled "
+        f"({gpfl['eager / compiled']:.1f}×), "
+        f"{gpfl['compiled whole round s']:.3f} with every client's evaluation; "
+        f"{gpfl['compile + first round s']:.0f} s compiling the first round "
+        f"({gpfl['programs']} programs); a second trial {gpfl['second trial programs']} programs, its first "
+        f"round {gpfl['second trial: compile + first round s']:.2f} s",
         f"is {gpfl['% of chain bound']:.0f} % of the chain bound ({gpfl['chain bound s']:.3f} s",
-        f"FedAvg: {fedavg['eager s/round']:.2f} s eager; its compiled training-only figure ({fedavg['compiled s/round']:.2f} s) counts "
+        f"FedAvg: {fedavg['eager s/round']:.2f} s eager; its compiled training-only figure "
+        f"({fedavg['compiled s/round']:.2f} s) counts "
         f"{fedavg['recompiles']} programs compiled during its timed rounds",
         f"compiled, {fedavg['compiled whole round s']:.3f} s, against a ceiling of {fedavg['ceiling s/round']:.3f} s",
         f"20 compiled steps of GPFL's cohort in {prof['wall_s']:.3f} s ({1000 * prof['wall_s'] / 20:.1f} ms a step)",
         f"(the implicit GEMM forward, {prof['top'][1]['calls']} calls, {prof['top'][1]['ms']:.1f} ms",
         f"with {sum(k['calls'] for k in prof['top'] if 'Nhwc' in k['name'] or 'nhwc' in k['name'])} layout transposes",
         f"the profile's busy share ({100 * prof['device_busy_share']:.0f} %)",
-    ]:  # fmt: skip
+    ]:
         assert phrase in performance, phrase
-    assert (f"On an H200 the compiled engine ran GPFL's Table 1 round in {gpfl['compiled s/round']:.3f} s against {gpfl['eager s/round']:.2f} eager, "
-            f"every step a CUDA graph, and {len(passed)} of {len(checks)} families of methods equal to the CPU reference in float64 (pFedMe fails "
-            f"to compile there and runs eager); 2000 training rounds still take about {round(2000 * gpfl['compiled s/round'] / 60)} minutes") in flat("README.md")  # fmt: skip
+    assert (
+        f"On an H200 the compiled engine ran GPFL's Table 1 round in {gpfl['compiled s/round']:.3f} s against "
+        f"{gpfl['eager s/round']:.2f} eager, "
+        f"every step a CUDA graph, and {len(passed)} of {len(checks)} families of methods equal to the CPU "
+        "reference in float64 (pFedMe fails "
+        "to compile there and runs eager); 2000 training rounds still take about "
+        f"{round(2000 * gpfl['compiled s/round'] / 60)} minutes"
+    ) in flat("README.md")
 
 
 def test_the_performance_page_quotes_the_h100_check_as_committed():
@@ -272,18 +429,26 @@ def test_the_performance_page_quotes_the_h100_check_as_committed():
     assert fedavg["recompiles"] == 0 and fedavg["second trial programs"] == 0 and fedavg["compile retries"] == 1
     performance = " ".join((ROOT / "docs/performance.md").read_text().split())
     for phrase in [
-        f"{len(passed)} of {len(checks)} families compiled on the GPU equal sequential eager on the CPU in float64 (largest "
+        f"{len(passed)} of {len(checks)} families compiled on the GPU equal sequential eager on the CPU in "
+        "float64 (largest "
         f"difference {max(c['max_abs_difference'] for c in passed):.1e}), every compiled step a CUDA graph "
-        f"({sum(c['graph calls'] for c in passed)} graph calls, {sum(c['graph skips'] for c in passed)} skipped), in {check['correctness']['seconds']:.0f} s",
-        f"FedAvg alone, at commit 7b36476: {fedavg['eager s/round']:.2f} s a round eager, {fedavg['compiled s/round']:.3f} compiled "
+        f"({sum(c['graph calls'] for c in passed)} graph calls, {sum(c['graph skips'] for c in passed)} "
+        f"skipped), in {check['correctness']['seconds']:.0f} s",
+        f"FedAvg alone, at commit 7b36476: {fedavg['eager s/round']:.2f} s a round eager, "
+        f"{fedavg['compiled s/round']:.3f} compiled "
         f"({fedavg['eager / compiled']:.1f}×), {fedavg['compiled whole round s']:.3f} with every client's evaluation; "
         f"{fedavg['compile + first round s']:.0f} s compiling the first round ({fedavg['programs']} programs",
-        f"{fedavg['recompiles']} programs compiled during its timed rounds and a second trial {fedavg['second trial programs']} programs, "
+        f"{fedavg['recompiles']} programs compiled during its timed rounds and a second trial "
+        f"{fedavg['second trial programs']} programs, "
         f"its first round {fedavg['second trial: compile + first round s']:.2f} s",
-        f"{fedavg['% of chain bound']:.0f} % of its chain bound ({fedavg['chain bound s']:.3f} s) and {fedavg['% of ceiling']:.0f} % of its "
+        f"{fedavg['% of chain bound']:.0f} % of its chain bound ({fedavg['chain bound s']:.3f} s) and "
+        f"{fedavg['% of ceiling']:.0f} % of its "
         f"ceiling ({fedavg['ceiling s/round']:.3f} s)",
-    ]:  # fmt: skip
+    ]:
         assert phrase in performance, phrase
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert (f"FedAvg's training round in {fedavg['compiled s/round']:.3f} s against {fedavg['eager s/round']:.2f} eager, its second trial "
-            "compiling nothing") in readme  # fmt: skip
+    assert (
+        f"FedAvg's training round in {fedavg['compiled s/round']:.3f} s against {fedavg['eager s/round']:.2f} "
+        "eager, its second trial "
+        "compiling nothing"
+    ) in readme

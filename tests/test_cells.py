@@ -23,12 +23,19 @@ from dataclasses import replace
 
 import pytest
 import torch
+from written_data import (
+    accept_written_cifar,
+    write_agnews,
+    write_cifar,
+    write_cinic10,
+    write_mnist_like,
+    write_tinyimagenet,
+)
 
 from algorithms import METHODS
 from tuner import papers, reproduce
-from tuner.sweep.trials import trial_config
 from tuner.run import build_data, build_method, build_simulation, check_batches
-from written_data import accept_written_cifar, write_agnews, write_cifar, write_cinic10, write_mnist_like, write_tinyimagenet
+from tuner.sweep.trials import trial_config
 
 CPU = torch.device("cpu")
 TRAIN_UP_TO = 20  # clients; larger settings are built, and one 100-client FedPAC cell is trained
@@ -55,7 +62,9 @@ def data_root(tmp_path_factory):
 
 def cell_config(cell: dict, root):
     folder = cell["dataset"] + ("-many" if cell["clients"] > 100 else "")  # FedCP Table 4
-    cfg = trial_config({"rounds": 1, "data_dir": str(root / folder), "min_samples": 14}, {"cell": cell, "seed": 0}).resolved()
+    cfg = trial_config(
+        {"rounds": 1, "data_dir": str(root / folder), "min_samples": 14}, {"cell": cell, "seed": 0}
+    ).resolved()
     return replace(cfg, pac_train=cfg.batch_size, pac_test=20)  # FedPAC's clients: one batch each
 
 
@@ -119,7 +128,15 @@ def test_a_covering_set_of_cells_trains_a_round(data_root, every_cell):
     trained = covering(todo)
     assert {family(c) for c in trained} == {family(c) for c in todo}
     assert {data_key(c) for c in trained} == {data_key(c) for c in todo if trainable(c)}
-    hundred = {"method": "fedpac", "dataset": "fmnist", "partition": "pac:20", "clients": 100, "join_ratio": "0.3", "backbone": "pac_cnn", "protocol": "fedpac"}
+    hundred = {
+        "method": "fedpac",
+        "dataset": "fmnist",
+        "partition": "pac:20",
+        "clients": 100,
+        "join_ratio": "0.3",
+        "backbone": "pac_cnn",
+        "protocol": "fedpac",
+    }
     assert hundred in todo
     for cell in trained + [hundred]:
         cfg = cell_config({**cell, "join_ratio": "0.2"}, data_root)  # a fifth of the clients train

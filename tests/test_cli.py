@@ -16,7 +16,21 @@ def invoke(*args):
 
 
 def test_run_writes_metrics_and_a_rerunnable_config(tmp_path):
-    res = invoke("run", "fedprox", *DIGITS, "--rounds", "3", "--out", str(tmp_path), "--set", "mu=0.1", "--set", "lr=0.05", "--set", "val_frac=0.2")
+    res = invoke(
+        "run",
+        "fedprox",
+        *DIGITS,
+        "--rounds",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "mu=0.1",
+        "--set",
+        "lr=0.05",
+        "--set",
+        "val_frac=0.2",
+    )
     assert res.exit_code == 0, res.output
     assert "best accuracy" in res.output
     m = pd.read_parquet(tmp_path / "metrics.parquet")
@@ -24,7 +38,9 @@ def test_run_writes_metrics_and_a_rerunnable_config(tmp_path):
     for col in ("acc", "best_acc", "train_loss", "time_s", "val_acc", "acc_std", "acc_cv", "acc_client_mean"):
         assert col in m and m[col].notna().all(), col
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert cfg["method"] == "fedprox" and cfg["hparams"] == {"mu": 0.1} and cfg["lr"] == 0.05 and cfg["backbone"] == "mlp"
+    assert (
+        cfg["method"] == "fedprox" and cfg["hparams"] == {"mu": 0.1} and cfg["lr"] == 0.05 and cfg["backbone"] == "mlp"
+    )
     rerun = invoke("run", "fedprox", "--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "again"))
     assert rerun.exit_code == 0, rerun.output
     again = pd.read_parquet(tmp_path / "again" / "metrics.parquet")
@@ -32,7 +48,19 @@ def test_run_writes_metrics_and_a_rerunnable_config(tmp_path):
 
 
 def test_eval_gap_and_join_range(tmp_path):
-    res = invoke("run", "fedavg", *DIGITS, "--rounds", "4", "--out", str(tmp_path), "--set", "eval_gap=2", "--set", "join_ratio=0.5-1")
+    res = invoke(
+        "run",
+        "fedavg",
+        *DIGITS,
+        "--rounds",
+        "4",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "eval_gap=2",
+        "--set",
+        "join_ratio=0.5-1",
+    )
     assert res.exit_code == 0, res.output
     m = pd.read_parquet(tmp_path / "metrics.parquet")
     assert m["acc"].isna().tolist() == [True, False, True, False]
@@ -47,7 +75,7 @@ def test_help_explains_every_option():
 
 
 def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
-    from tuner.executors import VectorizedExecutor
+    from tuner.executor_kinds import VectorizedExecutor
 
     train, calls = VectorizedExecutor.train, []
 
@@ -95,7 +123,11 @@ def test_methods_names_each_methods_paper_and_the_code_it_follows():
     missing = [name for name, cls in METHODS.items() if not (cls.paper and cls.source)]
     assert not missing
     res = runner.invoke(app, ["methods"], env={"COLUMNS": "300"})
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:]] for line in res.output.splitlines() if line.startswith("│")}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:]]
+        for line in res.output.splitlines()
+        if line.startswith("│")
+    }
     assert rows["gpfl-pfllib"][1:3] == ["Zhang et al., ICCV 2023", "PFLlib clientgpfl.py"]
     assert rows["fedcac"][1:3] == ["Wu et al., ICCV 2023", "PFLlib clientcac.py; the authors' configs"]
     assert rows["gpfl-nocov"][1] == "Zhang et al., ICCV 2023"  # a variant: its family's paper
@@ -110,7 +142,22 @@ def test_sigterm_keeps_the_rows_and_says_how_to_resume(tmp_path, spawn):
 
     out = tmp_path / "run"
     # eager: 100000 rounds would have `auto` compile first (the Ctrl-C test below stops a run that compiles)
-    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=1", "--set", "engine=eager"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "run",
+        "fedavg",
+        *DIGITS,
+        "--rounds",
+        "100000",
+        "--out",
+        str(out),
+        "--set",
+        "checkpoint_every=1",
+        "--set",
+        "engine=eager",
+    ]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not out.joinpath("metrics.parquet").exists():  # the event, not a time: a round is done and written
@@ -134,7 +181,20 @@ def test_ctrl_c_ends_a_run_at_its_rounds_end_with_a_checkpoint_so_the_advised_re
     import time
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tuner.cli", "run", "fedavg", *DIGITS, "--rounds", "100000", "--out", str(out), "--set", "checkpoint_every=100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "run",
+        "fedavg",
+        *DIGITS,
+        "--rounds",
+        "100000",
+        "--out",
+        str(out),
+        "--set",
+        "checkpoint_every=100000",
+    ]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not out.joinpath("config.yaml").exists():  # written once the run is built, just before its first round
@@ -143,7 +203,8 @@ def test_ctrl_c_ends_a_run_at_its_rounds_end_with_a_checkpoint_so_the_advised_re
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal delivers Ctrl-C: to the whole process group
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
-    saved = int(re.search(r"checkpoint of round (\d+)", stderr).group(1))  # none of the periodic ones: the one at the stop
+    # none of the periodic ones: the one at the stop
+    saved = int(re.search(r"checkpoint of round (\d+)", stderr).group(1))
     assert f"tuner run fedavg --resume --out {out}" in " ".join(stderr.split())
     res = runner.invoke(app, ["run", "fedavg", "--resume", "--rounds", str(saved + 2), "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -160,7 +221,12 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(spawn):
     import time
     from pathlib import Path
 
-    proc = spawn([sys.executable, "-c", "import tuner; tuner.main()", "methods"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        [sys.executable, "-c", "import tuner; tuner.main()", "methods"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
         assert proc.poll() is None and time.monotonic() < deadline, "the command ended before torch was imported"
@@ -173,7 +239,8 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(spawn):
 
 @pytest.fixture(params=["relative", "home"])
 def where(request, tmp_path, monkeypatch):
-    """Paths as a user types them: relative to the working directory, or under `~`; returns (prefix, folder it means)."""
+    """Paths as a user types them: relative to the working directory, or under `~`; returns (prefix, folder
+    it means)."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -193,13 +260,34 @@ def test_path_flags_of_run_report_and_data_show(where):
     res = invoke("report", f"{prefix}runs", "--out", f"{prefix}report")
     assert res.exit_code == 0, res.output
     assert pd.read_parquet(folder / "report" / "runs.parquet")["rounds_run"].tolist() == [3]
-    res = invoke("data", "show", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--out", f"{prefix}p.png")
+    res = invoke(
+        "data", "show", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--out", f"{prefix}p.png"
+    )
     assert res.exit_code == 0 and (folder / "p.png").exists(), res.output
-    res = invoke("run", "fedavg", *DIGITS, "--rounds", "1", "--set", f"data_dir={prefix}data", "--out", f"{prefix}runs/b")
-    assert res.exit_code == 0 and yaml.safe_load((folder / "runs" / "b" / "config.yaml").read_text())["data_dir"] == str(folder / "data")
+    res = invoke(
+        "run", "fedavg", *DIGITS, "--rounds", "1", "--set", f"data_dir={prefix}data", "--out", f"{prefix}runs/b"
+    )
+    assert res.exit_code == 0 and yaml.safe_load((folder / "runs" / "b" / "config.yaml").read_text())[
+        "data_dir"
+    ] == str(folder / "data")
 
 
 def test_more_clients_than_batches_is_one_sentence(tmp_path):
-    res = invoke("run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "5000", "--rounds", "1", "--out", str(tmp_path))
+    res = invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        "digits",
+        "--partition",
+        "iid",
+        "--clients",
+        "5000",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output
-    assert "5000 clients have no test sample and would never be scored" in res.output and "use fewer clients" in res.output
+    assert (
+        "5000 clients have no test sample and would never be scored" in res.output and "use fewer clients" in res.output
+    )

@@ -14,12 +14,12 @@ import torch._dynamo
 import torch._functorch.config
 import torch._inductor.config
 import torch._inductor.scheduler
+from simulations import assert_equal_states, exact_config, reference_run, run_rounds
 from torch._dynamo.utils import counters
 from torch._inductor.virtualized import V
 
-import tuner.steps
-from simulations import assert_equal_states, exact_config, reference_run, run_rounds
-from tuner.steps import INDUCTOR_CONFIGS
+import tuner.compile
+from tuner.compile import INDUCTOR_CONFIGS
 
 pytestmark = pytest.mark.slow
 
@@ -49,15 +49,19 @@ def test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_ea
     seq = reference_run(method)
     sim, rows, programs = compiled_run(exact_config(method, executor="vectorized", engine="compiled"), 2)
     assert_equal_states(seq, sim)
-    for a, b in zip(seq.history, rows):
-        assert a["acc"] == pytest.approx(b["acc"], rel=1e-9) and a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
+    for a, b in zip(seq.history, rows, strict=True):
+        assert a["acc"] == pytest.approx(b["acc"], rel=1e-9) and a["train_loss"] == pytest.approx(
+            b["train_loss"], rel=1e-9
+        )
     assert 1 <= programs <= sim.executor.shapes_compiled()  # per phase and padded cohort size at most, none twice
     padded = [n for step in sim.executor.compiled.values() for n, _, _ in step.masks]
-    assert all(n & (n - 1) == 0 or n == len(rows[-1:]) or n == rows[-1]["clients"] for n in padded)  # powers of two, or the whole cohort
+    # powers of two, or the whole cohort
+    assert all(n & (n - 1) == 0 or n == len(rows[-1:]) or n == rows[-1]["clients"] for n in padded)
 
 
 def test_a_compiled_run_compiles_nothing_after_its_shapes_are_known():
-    cfg = exact_config("fedavg", executor="vectorized", engine="compiled", rounds=6, join_ratio="1")  # every round: the same cohort
+    # every round: the same cohort
+    cfg = exact_config("fedavg", executor="vectorized", engine="compiled", rounds=6, join_ratio="1")
     sim, rows, programs = compiled_run(cfg, 2)
     before = counters["stats"]["unique_graphs"]
     rows += [sim.step() for _ in range(4)]
@@ -72,15 +76,17 @@ def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_
     every tensor a step writes (parameters, momentum, statistics) marked, the same object a size, step after
     step and round after round."""
     handed: dict[int, list] = {}
-    call = tuner.steps.Program.__call__
+    call = tuner.compile.Program.__call__
 
     def recording(self, params, opt_state, rest, *args):
         if self.name.endswith("steps"):
-            written = [v for d in (params, opt_state) for v in d.values()] + [v for k, v in rest.items() if k.endswith("running_mean")]
+            written = [v for d in (params, opt_state) for v in d.values()] + [
+                v for k, v in rest.items() if k.endswith("running_mean")
+            ]
             handed.setdefault(len(args[-2]), []).append(written)
         return call(self, params, opt_state, rest, *args)
 
-    monkeypatch.setattr(tuner.steps.Program, "__call__", recording)
+    monkeypatch.setattr(tuner.compile.Program, "__call__", recording)
     cfg = dict(backbone="tiny_batchnorm", join_ratio="1", batch_size=30, momentum=0.5)
     eager, _ = run_rounds(exact_config("fedper", executor="sequential", **cfg), 2)
     compiled, _, _ = compiled_run(exact_config("fedper", executor="vectorized", engine="compiled", **cfg), 2)
@@ -90,7 +96,7 @@ def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_
     assert len(handed) > 1  # clients drop out: programs of several sizes
     for calls in handed.values():
         assert all(getattr(v, "_dynamo_static_input_type", None) for v in calls[0])
-        assert all(len(c) == len(calls[0]) and all(a is b for a, b in zip(c, calls[0])) for c in calls)
+        assert all(len(c) == len(calls[0]) and all(a is b for a, b in zip(c, calls[0], strict=True)) for c in calls)
 
 
 def test_the_sequential_executor_compiles_one_program_a_client_calls():
@@ -98,7 +104,9 @@ def test_the_sequential_executor_compiles_one_program_a_client_calls():
     sim, _, programs = compiled_run(exact_config("fedrep", executor="sequential", engine="compiled"), 2)
     assert_equal_states(seq, sim)
     assert programs <= sim.executor.shapes_compiled()
-    assert len(sim.executor.compiled) == 2 and set(sim.executor.summing) == {"logits"}  # a step program per phase; evaluation's
+    assert len(sim.executor.compiled) == 2 and set(sim.executor.summing) == {
+        "logits"
+    }  # a step program per phase; evaluation's
 
 
 def test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers():
@@ -113,7 +121,9 @@ def test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_number
     eager, eager_rows = run_rounds(exact_config("fedprox", engine="eager", **second), 2)
     assert_equal_states(eager, sim)
     assert rows[-1]["train_loss"] == pytest.approx(eager_rows[-1]["train_loss"], rel=1e-9)
-    assert rows[-1]["acc"] == eager_rows[-1]["acc"] and set(sim.executor.summing) == {"logits"}  # evaluation is compiled too
+    assert rows[-1]["acc"] == eager_rows[-1]["acc"] and set(sim.executor.summing) == {
+        "logits"
+    }  # evaluation is compiled too
 
 
 def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
@@ -128,7 +138,10 @@ def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
 CHECKS = [
     (test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_each_shape_once, {"method": "fedpac"}),
     (test_a_compiled_run_compiles_nothing_after_its_shapes_are_known, {}),
-    (test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_tensors_every_step, {"monkeypatch": None}),
+    (
+        test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_tensors_every_step,
+        {"monkeypatch": None},
+    ),
     (test_the_sequential_executor_compiles_one_program_a_client_calls, {}),
     (test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers, {}),
     (test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step, {}),
@@ -137,10 +150,13 @@ CHECKS = [
 
 def test_every_test_of_this_file_is_checked_against_a_failing_compile():
     tests = {name for name, f in globals().items() if name.startswith("test_") and callable(f)}
-    exempt = {"test_every_test_of_this_file_is_checked_against_a_failing_compile", "test_each_check_fails_when_compiling_fails",
-              # it forces a failure of its own, and asserts what ran through assert_compiled_ran as the rest do
-              "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off",
-              "test_a_retry_keeps_the_programs_compiled_before_it"}  # fmt: skip
+    exempt = {
+        "test_every_test_of_this_file_is_checked_against_a_failing_compile",
+        "test_each_check_fails_when_compiling_fails",
+        # it forces a failure of its own, and asserts what ran through assert_compiled_ran as the rest do
+        "test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off",
+        "test_a_retry_keeps_the_programs_compiled_before_it",
+    }
     assert tests - exempt == {f.__name__ for f, _ in CHECKS}
 
 
@@ -166,18 +182,21 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_with_loop_ordering)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # compile for real: no program from the caches
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    monkeypatch.setattr(tuner.steps, "NEEDED", {})
-    monkeypatch.setattr(tuner.steps, "SHAPES_NEEDED", {})
+    monkeypatch.setattr(tuner.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
     torch._dynamo.reset()
     cfg = dict(partition="iid", clients=2, join_ratio="1", val_frac=0.0)
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
     assert_compiled_ran(sim, rows, config=1)
-    assert sim.executor.ran.retries == 1  # the first program failed once; the rest compiled under the second configuration at once
+    # the first program failed once; the rest compiled under the second configuration at once
+    assert sim.executor.ran.retries == 1
     eager, _ = run_rounds(exact_config("fedavg", executor="vectorized", engine="eager", **cfg), 1)
     assert_equal_states(eager, sim)
     said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
-    assert said == [f"Compiling FedAvg's steps failed under torch's default Inductor configuration (InductorError: AssertionError: "
-                    f"isinstance(snode, SchedulerNode)); compiling again with loop ordering after fusion off."]  # fmt: skip
+    assert said == [
+        "Compiling FedAvg's steps failed under torch's default Inductor configuration (InductorError: AssertionError: "
+        "isinstance(snode, SchedulerNode)); compiling again with loop ordering after fusion off."
+    ]
     # A sweep's next trial in the same process compiles under the configuration that worked, failing nothing again.
     second, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", lr=0.02, **cfg), 1)
     assert_compiled_ran(second, rows, config=1)
@@ -200,13 +219,15 @@ def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch):
     monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_after_the_first_program)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    monkeypatch.setattr(tuner.steps, "NEEDED", {})
-    monkeypatch.setattr(tuner.steps, "SHAPES_NEEDED", {})
+    monkeypatch.setattr(tuner.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
     torch._dynamo.reset()
-    cfg = dict(partition="dir:0.3", clients=4, join_ratio="1", val_frac=0.0)  # uneven clients: the cohort's rows shrink within a round
+    # uneven clients: the cohort's rows shrink within a round
+    cfg = dict(partition="dir:0.3", clients=4, join_ratio="1", val_frac=0.0)
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
     assert sim.executor.ran.retries == 1
-    assert 0 in tuner.steps.SHAPES_NEEDED["FedAvg's steps", "cpu"].values()  # the first shape compiled under the default, before the retry
+    # the first shape compiled under the default, before the retry
+    assert 0 in tuner.compile.SHAPES_NEEDED["FedAvg's steps", "cpu"].values()
     programs = sim.executor.ran.programs
     rows.append(sim.step())
     assert sim.executor.ran.programs == programs  # none again

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from written_data import rng, write_idx, write_image, write_mnist_like
+
 from tuner.data.datasets import DEBIAN_FMNIST, load_dataset, read_idx
 from tuner.errors import UserError
 from tuner.models import build_backbone
@@ -57,10 +57,14 @@ def test_cifar_pickles(tmp_path, monkeypatch):
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         with open(base / name, "wb") as f:
             pickle.dump({"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), "labels": [0, 1, 2, 9]}, f)
-    with pytest.raises(UserError, match="No whole cifar10 at .*cifar-10-batches-py \\(dataset not found or corrupted\\)"):
-        load_dataset("cifar10", tmp_path, download=False)  # files that are not the release's (md5): refused, in one sentence
+    with pytest.raises(
+        UserError, match="No whole cifar10 at .*cifar-10-batches-py \\(dataset not found or corrupted\\)"
+    ):
+        # files that are not the release's (md5): refused, in one sentence
+        load_dataset("cifar10", tmp_path, download=False)
     (base / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args: True)  # these small files stand for the release
+    # these small files stand for the release
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args: True)
     ds = load_dataset("cifar10", tmp_path, download=False)
     assert ds.x.shape == (24, 3, 32, 32) and ds.y[:4].tolist() == [0, 1, 2, 9]
     base = tmp_path / "cifar-100-python"
@@ -93,7 +97,9 @@ def test_cinic10_class_folders(tmp_path):
 
 
 def test_agnews_csv_release(tmp_path):
-    (tmp_path / "train.csv").write_text('"3","Wall St. Bears","Short-sellers are back"\n"1","World news","Peace talks, again"\n')
+    (tmp_path / "train.csv").write_text(
+        '"3","Wall St. Bears","Short-sellers are back"\n"1","World news","Peace talks, again"\n'
+    )
     (tmp_path / "test.csv").write_text('"4","Sci/Tech","New chip is fast"\n')
     ds = load_dataset("agnews", tmp_path, download=False)
     assert ds.y.tolist() == [2, 0, 3] and ds.x.shape == (3, 200) and ds.num_classes == 4
@@ -126,8 +132,10 @@ def test_digits_are_bundled_and_read_as_scikit_learn_loads_them():
 
 def test_loading_digits_does_not_import_scikit_learn():
     """Each Ray trial is a fresh process: scikit-learn (with SciPy's statistics) costs it a second or two."""
-    code = ("import sys; import tuner.run; from tuner.data.datasets import load_dataset; load_dataset('digits'); "
-            "print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; import tuner.run; from tuner.data.datasets import load_dataset; load_dataset('digits'); "
+        "print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -1,29 +1,28 @@
 import json
 import math
-from dataclasses import replace
-from pathlib import Path
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
+import simulations
 import torch
+import yaml
+from simulations import EXACT, assert_equal_states, exact_config, reference_run, run_rounds
 from torch import nn
 
 from algorithms import METHODS
-from tuner.config import RunConfig, auto_executor
 from tuner.compile import CUDA_COMPILE_ROUNDS
+from tuner.config import RunConfig, auto_executor
 from tuner.data.datasets import DEBIAN_FMNIST
 from tuner.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
 from tuner.models import BACKBONES, Backbone
 from tuner.run import build_simulation
 
-import simulations
-
 ROOT = Path(__file__).resolve().parents[1]
-from simulations import EXACT, assert_equal_states, exact_config, reference_run, run_rounds
 
 
 def digits(method, **kw):
@@ -36,14 +35,15 @@ def digits(method, **kw):
 # mismatch (a wrong tensor or a missed step: 1e-2 and more).
 
 
-@pytest.mark.xdist_group("reference_runs")  # on one xdist worker: each method's sequential run made once (simulations.reference_run)
+# on one xdist worker: each method's sequential run made once (simulations.reference_run)
+@pytest.mark.xdist_group("reference_runs")
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vectorized_equals_sequential(method):
     seq = reference_run(method)
     assert not seq.drew_globally  # a draw from torch's generator would differ on a GPU (vmap refuses one outright)
     vec, vec_rows = run_rounds(exact_config(method, executor="vectorized"), 2)
     assert_equal_states(seq, vec)
-    for a, b in zip(seq.history, vec_rows):
+    for a, b in zip(seq.history, vec_rows, strict=True):
         assert a["clients"] == b["clients"]
         for key in ("acc", "acc_std", "val_acc", "train_loss", "test_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
@@ -76,7 +76,17 @@ def test_batchnorm_statistics_stay_per_client_under_both_executors():
     # Three steps per client: over more, a ResNet on 8x8 inputs (1x1 maps, BatchNorm over 10 values)
     # amplifies float rounding chaotically, though single gradients agree to 1e-6.
     # (no evaluation: the states are compared, and evaluating twelve clients' ResNets was a fifth of the time)
-    cfg = dict(clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2, dtype="float64", eval_gap=2)
+    cfg = dict(
+        clients=12,
+        join_ratio="0.25",
+        backbone="resnet18",
+        partition="iid",
+        lr=0.01,
+        batch_size=30,
+        cohort_chunk=2,
+        dtype="float64",
+        eval_gap=2,
+    )
     seq, _ = run_rounds(digits("fedper", executor="sequential", **cfg), 1)
     vec, _ = run_rounds(digits("fedper", executor="vectorized", **cfg), 1)
     assert_same_clients(seq, vec)
@@ -91,14 +101,25 @@ def test_batchnorm_statistics_stay_per_client_under_both_executors():
 def test_every_method_trains_with_batchnorm_under_vmap_with_statistics_per_client(method):
     # Round 2 is where anything uploaded in round 1 comes back (FedCP once failed there). ResNet-18 itself
     # runs under both executors in the tests around this one; here each method meets BatchNorm.
-    cfg = dict(clients=6, join_ratio="0.5", backbone="tiny_batchnorm", partition="iid", lr=0.01, batch_size=30, rounds=2, val_frac=0.0, eval_gap=2)
+    cfg = dict(
+        clients=6,
+        join_ratio="0.5",
+        backbone="tiny_batchnorm",
+        partition="iid",
+        lr=0.01,
+        batch_size=30,
+        rounds=2,
+        val_frac=0.0,
+        eval_gap=2,
+    )
     sim = build_simulation(digits(method, executor="vectorized", **cfg))
     statistics = lambda: {k: v.clone() for k, v in sim.server.items() if sim.method.net.is_buffer(k)}  # noqa: E731
     before = statistics()  # a method may keep models with their statistics on the server (HypCluster's clusters)
     rows = [sim.step() for _ in range(2)]
     assert all(math.isfinite(r["train_loss"]) for r in rows) and "acc" not in rows[0] and 0 <= rows[1]["acc"] <= 1
     after = statistics()
-    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in after)  # ... but never aggregates them
+    # ... but never aggregates them
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in after)
     means = [k for k in sim.clients if k.endswith("running_mean")]
     assert any(len({tuple(v.flatten().tolist()) for v in sim.clients[k]}) > 1 for k in means)  # each client's own
 
@@ -106,7 +127,16 @@ def test_every_method_trains_with_batchnorm_under_vmap_with_statistics_per_clien
 def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
     # FedCP evaluates the frozen global model with each client's own statistics (BatchNorm in body and
     # head); round 2 is where uploaded statistics would come back from the server and break vmap.
-    cfg = dict(clients=12, join_ratio="0.25", backbone="tiny_batchnorm", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2, dtype="float64")
+    cfg = dict(
+        clients=12,
+        join_ratio="0.25",
+        backbone="tiny_batchnorm",
+        partition="iid",
+        lr=0.01,
+        batch_size=30,
+        cohort_chunk=2,
+        dtype="float64",
+    )
     seq, _ = run_rounds(digits("fedcp", executor="sequential", **cfg), 2)
     vec, _ = run_rounds(digits("fedcp", executor="vectorized", **cfg), 2)
     assert_same_clients(seq, vec)
@@ -117,15 +147,26 @@ def test_fedcp_keeps_batchnorm_statistics_per_client_under_both_executors():
 
 
 def test_pfedhn_refuses_a_backbone_whose_hypernetwork_would_not_fit_in_one_sentence():
-    with pytest.raises(UserError, match="pFedHN's hypernetwork would need 11[0-9][0-9] million weights"):  # a linear head per tensor
+    # a linear head per tensor
+    with pytest.raises(UserError, match="pFedHN's hypernetwork would need 11[0-9][0-9] million weights"):
         build_simulation(digits("pfedhn", backbone="resnet18", partition="iid"))
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not DEBIAN_FMNIST.exists(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_vectorized_equals_sequential_with_cnn4_on_fmnist():
-    cfg = dict(dataset="fmnist", partition="pac:20", clients=5, pac_train=60, pac_test=30, backbone="cnn4", lr=0.01, val_frac=0.0, dtype="float64",
-               engine="eager")  # the executors' equality on the reference engine (auto would compile a 100-round cnn4 run)
+    cfg = dict(
+        dataset="fmnist",
+        partition="pac:20",
+        clients=5,
+        pac_train=60,
+        pac_test=30,
+        backbone="cnn4",
+        lr=0.01,
+        val_frac=0.0,
+        dtype="float64",
+        engine="eager",
+    )  # the executors' equality on the reference engine (auto would compile a 100-round cnn4 run)
     seq, _ = run_rounds(digits("fedavg", executor="sequential", **cfg), 2)
     vec, _ = run_rounds(digits("fedavg", executor="vectorized", **cfg), 2)
     assert_same_clients(seq, vec)
@@ -148,12 +189,28 @@ def test_exact_resume_in_a_new_process(tmp_path):
 
     from tuner.cli import app
 
-    common = ["fedrep", "--dataset", "digits", "--partition", "pat:2", "--clients", "5", "--set", "join_ratio=0.6-1", "--set", "checkpoint_every=1"]
+    common = [
+        "fedrep",
+        "--dataset",
+        "digits",
+        "--partition",
+        "pat:2",
+        "--clients",
+        "5",
+        "--set",
+        "join_ratio=0.6-1",
+        "--set",
+        "checkpoint_every=1",
+    ]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     assert CliRunner().invoke(app, ["run", *common, "--rounds", "4", "--out", str(straight)]).exit_code == 0
     assert CliRunner().invoke(app, ["run", *common, "--rounds", "2", "--out", str(halves)]).exit_code == 0
-    resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "run", "fedrep", "--resume", "--rounds", "4", "--out", str(halves)],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "run", "fedrep", "--resume", "--rounds", "4", "--out", str(halves)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     a, b = pd.read_parquet(straight / "metrics.parquet"), pd.read_parquet(halves / "metrics.parquet")
     assert list(b["round"]) == [1, 2, 3, 4]
@@ -212,8 +269,10 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
     resolved = lambda **kw: RunConfig(method="fedavg", dataset="digits", **kw).resolved().executor  # noqa: E731
     assert resolved(device="cpu") == "vectorized"  # GPFL's batch of 10
     assert resolved(device="cpu", protocol="fedpac") == "sequential"  # FedPAC's batch of 50
-    assert auto_executor("cuda", 50) == auto_executor("cuda:1", 10) == "vectorized"  # (resolving device=cuda needs a GPU)
-    assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"  # a choice overrides the rule
+    # (resolving device=cuda needs a GPU)
+    assert auto_executor("cuda", 50) == auto_executor("cuda:1", 10) == "vectorized"
+    # a choice overrides the rule
+    assert resolved(device="cpu", protocol="fedpac", executor="vectorized") == "vectorized"
 
 
 def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only_what_was_measured_to_win_there():
@@ -222,14 +281,18 @@ def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only
     gpfl = CUDA_COMPILE_ROUNDS["gpfl", "cnn4"]
     assert auto_engine("cuda", gpfl, "cnn4", "gpfl") == auto_engine("cuda:1", 2000, "cnn4", "fedcp") == "compiled"
     assert auto_engine("cuda", gpfl - 1, "cnn4", "gpfl") == "eager"
-    assert auto_engine("cuda", 2000, "resnet18", "gpfl") == auto_engine("cuda", 2000, "cnn4", "fedpac") == "eager"  # not measured on CUDA
+    # not measured on CUDA
+    assert auto_engine("cuda", 2000, "resnet18", "gpfl") == auto_engine("cuda", 2000, "cnn4", "fedpac") == "eager"
     assert auto_engine("cuda", 200, "pac_cnn", "fedpac") == "compiled"  # FedPAC's Table 1 runs
     mlp = CPU_COMPILE_ROUNDS["mlp"]
-    assert auto_engine("cpu", mlp - 1, "mlp", "gpfl") == "eager" and auto_engine("cpu", mlp, "mlp", "fedpac") == "compiled"
+    assert (
+        auto_engine("cpu", mlp - 1, "mlp", "gpfl") == "eager" and auto_engine("cpu", mlp, "mlp", "fedpac") == "compiled"
+    )
     cfg = RunConfig(method="fedavg", dataset="digits", rounds=20).resolved()
     assert cfg.engine == "eager" and "engine: eager" in cfg.to_yaml()  # config.yaml says what ran
     assert RunConfig(method="fedavg", dataset="digits", rounds=2000).resolved().engine == "compiled"
-    assert RunConfig(method="fedavg", dataset="fmnist", backbone="cnn4", rounds=100).resolved().engine == "compiled"  # a cnn4 round repays it sooner
+    # a cnn4 round repays it sooner
+    assert RunConfig(method="fedavg", dataset="fmnist", backbone="cnn4", rounds=100).resolved().engine == "compiled"
     assert RunConfig(method="fedavg", dataset="digits", engine="compiled").resolved().engine == "compiled"
 
 
@@ -242,22 +305,37 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
     h100 = json.loads((ROOT / "results/gpu/compiled-engine-b9d680f/figures.json").read_text())["methods"]
     h200 = json.loads(H200_CHECK.read_text())["speed"]["figures"]
     speed = json.loads((ROOT / "results/gpu/speed-h100-ea133d7/campaign.json").read_text())["speed"]["figures"]
-    clean = lambda later: {m: f for m, f in later.items() if f.get("recompiles") == 0 and "error" not in f and "not compiled" not in f}  # noqa: E731
+    clean = lambda later: {  # noqa: E731
+        m: f for m, f in later.items() if f.get("recompiles") == 0 and "error" not in f and "not compiled" not in f
+    }
     assert set(clean(h200)) == {"gpfl"} and h200["fedavg"]["recompiles"] == 2  # what the code's comment says
     assert set(clean(speed)) == {"fedpac"} and speed["fedcp"]["recompiles"] == 2
     figures = {**h100, **clean(h200), **clean(speed)}
     backbone = {"fedpac": "pac_cnn"}  # the others ran cnn4 (bench/engine_speed.py's Table 1 settings)
-    repaid = {(m, backbone.get(m, "cnn4")): math.ceil(f["compile + first round s"] / (f["eager s/round"] - f["compiled s/round"])) for m, f in figures.items()}
+    repaid = {
+        (m, backbone.get(m, "cnn4")): math.ceil(
+            f["compile + first round s"] / (f["eager s/round"] - f["compiled s/round"])
+        )
+        for m, f in figures.items()
+    }
     assert CUDA_COMPILE_ROUNDS == repaid
     # ... and the pages that quote those figures quote them
     gpfl, fedavg, fedcp = h100["gpfl"], h100["fedavg"], h100["fedcp"]
     performance = " ".join((ROOT / "docs/performance.md").read_text().split())
-    assert (f"GPFL {gpfl['eager s/round']} s a round eager against {gpfl['compiled s/round']} compiled ({gpfl['compile + first round s']} s compiling "
-            f"the first round, {gpfl['programs']} programs; a second trial {gpfl['second trial programs']} programs); FedAvg {fedavg['eager s/round']}–"
-            f"{fedavg['eager s/round, slowest measured']} against {fedavg['compiled s/round']} and FedCP {fedcp['eager s/round']} against "
-            f"{fedcp['compiled s/round']}") in performance  # fmt: skip
-    assert (f"GPFL {repaid['gpfl', 'cnn4']} rounds, FedCP {repaid['fedcp', 'cnn4']}, FedAvg {repaid['fedavg', 'cnn4']}, all on cnn4, "
-            f"and FedPAC {repaid['fedpac', 'pac_cnn']} on its CNN") in performance
+    assert (
+        f"GPFL {gpfl['eager s/round']} s a round eager against {gpfl['compiled s/round']} compiled "
+        f"({gpfl['compile + first round s']} s compiling "
+        f"the first round, {gpfl['programs']} programs; a second trial {gpfl['second trial programs']} "
+        f"programs); FedAvg {fedavg['eager s/round']}–"
+        f"{fedavg['eager s/round, slowest measured']} against {fedavg['compiled s/round']} and FedCP "
+        f"{fedcp['eager s/round']} against "
+        f"{fedcp['compiled s/round']}"
+    ) in performance
+    assert (
+        f"GPFL {repaid['gpfl', 'cnn4']} rounds, FedCP {repaid['fedcp', 'cnn4']}, FedAvg "
+        f"{repaid['fedavg', 'cnn4']}, all on cnn4, "
+        f"and FedPAC {repaid['fedpac', 'pac_cnn']} on its CNN"
+    ) in performance
 
 
 def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_the_committed_campaign():
@@ -266,8 +344,11 @@ def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_
 
     flat = lambda page: " ".join((ROOT / page).read_text().split())  # noqa: E731
     assert set(CUDA_COMPILE_ROUNDS) == {("gpfl", "cnn4"), ("fedcp", "cnn4"), ("fedavg", "cnn4"), ("fedpac", "pac_cnn")}
-    assert (f"on a CPU from {CPU_COMPILE_ROUNDS['cnn4']} rounds on cnn4 and {CPU_COMPILE_ROUNDS['mlp']} on the MLP, on CUDA only for "
-            "GPFL, FedCP and FedAvg on cnn4 and FedPAC on its CNN (`pac_cnn`), else eager") in flat("docs/running.md")  # fmt: skip
+    assert (
+        f"on a CPU from {CPU_COMPILE_ROUNDS['cnn4']} rounds on cnn4 and {CPU_COMPILE_ROUNDS['mlp']} on the "
+        "MLP, on CUDA only for "
+        "GPFL, FedCP and FedAvg on cnn4 and FedPAC on its CNN (`pac_cnn`), else eager"
+    ) in flat("docs/running.md")
     rates = json.loads((ROOT / "results/gpu/campaign-h100/campaign.json").read_text())["sharing"]["rounds_per_second"]
     assert TRIALS_PER_GPU == len(rates) == 2 and rates["2"] > 1.9 * rates["1"]
     assert f"ran {rates['2']:.2f} rounds/s together against {rates['1']:.2f} for one" in flat("docs/sweeps.md")
@@ -282,13 +363,16 @@ def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_sta
     assert type(training.batch_size) is int and type(training.rounds) is int
 
 
-@pytest.mark.parametrize("method", ["gpfl", "fedrep"])  # the first program to fail: a statistics pass's, a training step's
-def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_where_results_are(method, monkeypatch, capsys, tmp_path):
+# the first program to fail: a statistics pass's, a training step's
+@pytest.mark.parametrize("method", ["gpfl", "fedrep"])
+def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_where_results_are(
+    method, monkeypatch, capsys, tmp_path
+):
     """Tried under each Inductor configuration once, then eager: the same numbers, one line each, every round's
     `engine` column and config.yaml (what a resume runs) saying what ran."""
     from torch._dynamo.exc import TorchDynamoException
 
-    import tuner.steps
+    import tuner.compile
     from tuner.run import run
 
     attempts = []
@@ -300,7 +384,7 @@ def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_w
 
         return fails
 
-    monkeypatch.setattr(tuner.steps, "compile_program", no_compiler)
+    monkeypatch.setattr(tuner.compile, "compile_program", no_compiler)
     cfg = digits(method, dtype="float64", executor="vectorized", rounds=2)
     sim = run(replace(cfg, engine="compiled").resolved(), tmp_path / "run")
     reference, reference_rows = run_rounds(replace(cfg, engine="eager"), 2)
@@ -311,10 +395,14 @@ def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_w
     assert RunConfig(**yaml.safe_load((tmp_path / "run/config.yaml").read_text())).engine == "eager"
     name, hook = type(sim.method).__name__, "statistics" if method == "gpfl" else "steps"
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert lines == [f"Compiling {name}'s {hook} failed under torch's default Inductor configuration (TorchDynamoException: no working C++ compiler); "
-                     "compiling again with loop ordering after fusion off.",
-                     f"Compiling {name}'s programs failed (TorchDynamoException: no working C++ compiler); the run goes on with engine=eager."]  # fmt: skip
-    assert len(attempts) == len(tuner.steps.INDUCTOR_CONFIGS)  # once each, never again
+    assert lines == [
+        f"Compiling {name}'s {hook} failed under torch's default Inductor configuration "
+        "(TorchDynamoException: no working C++ compiler); "
+        "compiling again with loop ordering after fusion off.",
+        f"Compiling {name}'s programs failed (TorchDynamoException: no working C++ compiler); the run goes on "
+        "with engine=eager.",
+    ]
+    assert len(attempts) == len(tuner.compile.INDUCTOR_CONFIGS)  # once each, never again
 
 
 def test_deterministic_algorithms_follow_each_runs_setting():
@@ -326,29 +414,47 @@ def test_deterministic_algorithms_follow_each_runs_setting():
 
 # --- the method contract
 def test_a_method_whose_passes_do_not_match_its_hooks_is_refused_when_its_class_is_defined():
-    from algorithms.base import Method, Passes
+    from algorithms.base import Method
+    from algorithms.rounds import Passes
 
     with pytest.raises(TypeError, match="defines begin_local but does not declare"):
         type("Forgetful", (Method,), {"begin_local": lambda self, client, server, stats, at: client})
     with pytest.raises(TypeError, match="shares nothing and uploads nothing"):
         type("Silent", (Method,), {"shared": ()})
     with pytest.raises(TypeError, match="statistics"):
-        type("Counting", (Method,), {"passes": Passes(statistics_before=True, begin_local=True), "begin_local": lambda *a: a[1]})
+        type(
+            "Counting",
+            (Method,),
+            {"passes": Passes(statistics_before=True, begin_local=True), "begin_local": lambda *a: a[1]},
+        )
     after = dict(statistics_after=True, end_local=True)
     hooks = {"end_local": lambda *a: a[1], "trained_statistics": lambda *a: {}}
-    with pytest.raises(TypeError, match="defines trained_statistics but does not declare"):  # the engine reads the declaration, never the class
+    # the engine reads the declaration, never the class
+    with pytest.raises(TypeError, match="defines trained_statistics but does not declare"):
         type("Undeclared", (Method,), {"passes": Passes(**after), "statistics": lambda *a: {}, **hooks})
     with pytest.raises(TypeError, match="not Passes\\(statistics_after=True\\)"):
-        type("Orphan", (Method,), {"passes": Passes(trained_statistics=True), "trained_statistics": hooks["trained_statistics"]})
+        type(
+            "Orphan",
+            (Method,),
+            {"passes": Passes(trained_statistics=True), "trained_statistics": hooks["trained_statistics"]},
+        )
     type("Trained", (Method,), {"passes": Passes(**after, trained_statistics=True), **hooks})
-    type("Declared", (Method,), {"passes": Passes(begin_local=True), "begin_local": lambda self, client, server, stats, at: client})
+    type(
+        "Declared",
+        (Method,),
+        {"passes": Passes(begin_local=True), "begin_local": lambda self, client, server, stats, at: client},
+    )
 
 
 def test_hooks_receive_the_round_with_each_clients_samples_and_steps(monkeypatch):
     sim = build_simulation(digits("scaffold", rounds=3, batch_size=20, local_epochs=2))
     seen = {}
     aggregate = sim.method.aggregate
-    monkeypatch.setattr(sim.method, "aggregate", lambda server, uploads, at: seen.setdefault(at.number, at) and aggregate(server, uploads, at))
+    monkeypatch.setattr(
+        sim.method,
+        "aggregate",
+        lambda server, uploads, at: seen.setdefault(at.number, at) and aggregate(server, uploads, at),
+    )
     sim.step()
     sim.step()
     at = seen[2]
@@ -387,7 +493,8 @@ def test_a_drawing_methods_trajectory_ignores_torchs_generators_and_its_noise_ma
         perturbed.step()
     assert_equal_states(straight, perturbed)
     softmax, _ = run_rounds(exact_config("fedcp", executor="vectorized"), 2)
-    assert not torch.allclose(softmax.clients["cpn.0.weight"], straight.clients["cpn.0.weight"])  # the Gumbel noise was drawn
+    # the Gumbel noise was drawn
+    assert not torch.allclose(softmax.clients["cpn.0.weight"], straight.clients["cpn.0.weight"])
 
 
 def test_keyed_noise_is_a_function_of_key_and_position_alone():
@@ -400,7 +507,8 @@ def test_keyed_noise_is_a_function_of_key_and_position_alone():
     assert not torch.equal(u, uniform(torch.tensor(12346), (4000,), torch.float64))
     keys = torch.tensor([7, 8, 9])
     looped = torch.stack([gumbel(k, (5, 2), torch.float64) for k in keys])
-    assert torch.equal(torch.vmap(lambda k: gumbel(k, (5, 2), torch.float64), randomness="error")(keys), looped)  # vmap draws what a loop draws
+    # vmap draws what a loop draws
+    assert torch.equal(torch.vmap(lambda k: gumbel(k, (5, 2), torch.float64), randomness="error")(keys), looped)
     g = gumbel(key, (20000,), torch.float64)
     assert abs(g.mean().item() - 0.5772) < 0.03  # the Euler-Mascheroni constant: Gumbel(0, 1)'s mean
 
@@ -412,5 +520,7 @@ def test_a_backbone_that_draws_is_refused_under_vmap(monkeypatch):
 
     monkeypatch.setitem(BACKBONES, "dropout_mlp", dropout_mlp)
     sim = build_simulation(digits("fedavg", executor="vectorized", backbone="dropout_mlp"))
-    with pytest.raises(UserError, match=r"FedAvg\.loss draws random numbers from torch's generator \(a Dropout in the backbone\?\)"):
+    with pytest.raises(
+        UserError, match=r"FedAvg\.loss draws random numbers from torch's generator \(a Dropout in the backbone\?\)"
+    ):
         sim.step()

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.sweep.trials import TRIAL_RETRIES
 from tuner.files import write_atomic, write_text_atomic
+from tuner.sweep.trials import TRIAL_RETRIES
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -78,9 +78,15 @@ def test_a_trial_ray_tune_gave_up_on_is_reported_failed_with_its_reason(tmp_path
     """Ray Tune's own files of a sweep whose workers were killed: error.txt gains a block per failure."""
     search = tmp_path / "sweep" / "search"
     search.mkdir(parents=True)
-    (search / "experiment.yaml").write_text("stage: search\nselect: test\nsettings: {method: fedavg, dataset: digits, rounds: 3}\n")
-    died = ("Failure # {n} (occurred at 2026-11-24_10-18-17)\nThe actor died unexpectedly before finishing this task.\n\tpid: 29797\n"
-            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Some common causes include: ...\n")  # fmt: skip
+    (search / "experiment.yaml").write_text(
+        "stage: search\nselect: test\nsettings: {method: fedavg, dataset: digits, rounds: 3}\n"
+    )
+    died = (
+        "Failure # {n} (occurred at 2026-11-24_10-18-17)\nThe actor died unexpectedly before finishing this "
+        "task.\n\tpid: 29797\n"
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Some common "
+        "causes include: ...\n"
+    )
     row = lambda r: json.dumps({"round": r, "acc": 0.1 * r, "pid": 1}) + "\n"  # noqa: E731
     oom = json.dumps({"round": 2, "failed": "Out of memory ...", "retry": True}) + "\n"
     trials = {  # name: (result.json, failures)
@@ -103,22 +109,32 @@ def test_a_trial_ray_tune_gave_up_on_is_reported_failed_with_its_reason(tmp_path
     assert res.exit_code == 0, res.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
     runs.index = [Path(r).name for r in runs["run"]]
-    assert runs.loc["out_of_memory_once_then_finished", "failed"] == "" and runs.loc["out_of_memory_at_the_end", "failed"] == "Out of memory ..."
+    assert (
+        runs.loc["out_of_memory_once_then_finished", "failed"] == ""
+        and runs.loc["out_of_memory_at_the_end", "failed"] == "Out of memory ..."
+    )
     reason = f"{TRIAL_RETRIES + 1} failures, the last: The actor is dead because its worker process has died."
     assert runs.loc["gave_up_after_a_round", ["rounds_run", "failed"]].tolist() == [1, reason]
     assert runs.loc["gave_up_before_any_round", ["rounds_run", "failed"]].tolist() == [0, reason]
     assert runs.loc["retried_then_finished", "failed"] == runs.loc["retried_and_running", "failed"] == ""
     assert "not_started" not in runs.index
     best = pd.read_parquet(tmp_path / "report" / "best.parquet").iloc[0]
-    assert (best["trials"], best["failed"], best["stopped_early"]) == (6, 3, 1)  # a failed trial is not one stopped early
+    assert (best["trials"], best["failed"], best["stopped_early"]) == (
+        6,
+        3,
+        1,
+    )  # a failed trial is not one stopped early
 
 
-@pytest.mark.parametrize("flag, value, words", [
-    ("--gpus-per-trial", "-1", "--gpus-per-trial must be 0"),
-    ("--gpus-per-trial", "1.5", "whole number of GPUs"),
-    ("--cpus-per-trial", "0", "--cpus-per-trial must be positive"),
-    ("--max-concurrent", "0", "--max-concurrent must be at least 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--gpus-per-trial", "-1", "--gpus-per-trial must be 0"),
+        ("--gpus-per-trial", "1.5", "whole number of GPUs"),
+        ("--cpus-per-trial", "0", "--cpus-per-trial must be positive"),
+        ("--max-concurrent", "0", "--max-concurrent must be at least 1"),
+    ],
+)
 def test_an_impossible_resource_request_is_refused_before_ray_starts(tmp_path, flag, value, words):
     res = invoke("sweep", "gpfl", "--space", ROOT / "search_spaces" / "demo.yaml", "--storage", tmp_path, flag, value)
     assert res.exit_code == 2 and words in res.output, res.output
@@ -128,11 +144,25 @@ def test_an_impossible_resource_request_is_refused_before_ray_starts(tmp_path, f
 @pytest.mark.ray
 @pytest.mark.slow
 def test_more_than_any_node_has_is_one_sentence_not_a_hang(tmp_path):
-    cmd = [sys.executable, "-m", "tuner.cli", "sweep", "gpfl", "--space", str(ROOT / "search_spaces" / "demo.yaml"), "--storage", str(tmp_path),
-           "--cpus-per-trial", "64"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "sweep",
+        "gpfl",
+        "--space",
+        str(ROOT / "search_spaces" / "demo.yaml"),
+        "--storage",
+        str(tmp_path),
+        "--cpus-per-trial",
+        "64",
+    ]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)  # it hung for ever before
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "No node of the Ray cluster has 64 CPUs" in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr
+    assert (
+        "No node of the Ray cluster has 64 CPUs" in res.stdout + res.stderr
+        and "Traceback" not in res.stdout + res.stderr
+    )
 
 
 def _rows(trial_dir: Path) -> list[dict]:
@@ -148,8 +178,8 @@ def _rows(trial_dir: Path) -> list[dict]:
 
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
     import torch
-
     from simulations import digits
+
     from tuner.run import build_simulation
     from tuner.sweep.trainable import CHECKPOINT_FILE, restore
 
@@ -234,8 +264,8 @@ def test_a_disk_that_fills_mid_run_is_one_sentence_and_keeps_the_rows(tmp_path, 
 
 def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence():
     import torch
-
     from simulations import digits
+
     from tuner.errors import OutOfMemory
     from tuner.run import build_simulation
 
@@ -253,7 +283,9 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed_before_it_began_runs_again(tmp_path, spawn):
+def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed_before_it_began_runs_again(
+    tmp_path, spawn
+):
     """Workers killed as the OOM killer would, each after its trial checkpointed a round (every round is). Then a
     reused worker killed between two trials, which fails the next one in Tune's reset, unretried (the soak met it
     about once in three runs): made by hand in the finished sweep's saved state, as Tune records it (the last trial in
@@ -266,8 +298,11 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
 
     samples, rounds = 6, 3
     space = tmp_path / "soak.yaml"
-    space.write_text(f"settings: {{dataset: digits, partition: iid, clients: 4, rounds: {rounds}, checkpoint_every: 1, local_epochs: 5, executor: sequential}}\n"
-                     f"search:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: {samples}\n")  # fmt: skip
+    space.write_text(
+        f"settings: {{dataset: digits, partition: iid, clients: 4, rounds: {rounds}, checkpoint_every: 1, "
+        "local_epochs: 5, executor: sequential}\n"
+        f"search:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: {samples}\n"
+    )
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = (tmp_path / "sweep.log").open("w")  # not a pipe: nobody reads it while the sweep runs
@@ -275,11 +310,15 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     experiment, pick, killed = tmp_path / "fedavg-soak" / "search", random.Random(0), set()
     kills = Counter()  # per trial: each is killed at most as often as it is retried, so every trial must finish
     deadline = time.monotonic() + 170
-    while proc.poll() is None and len(killed) < 3:  # full concurrency (two trials on two cores), a worker killed now and then
+    # full concurrency (two trials on two cores), a worker killed now and then
+    while proc.poll() is None and len(killed) < 3:
         assert time.monotonic() < deadline, "the soak sweep did not finish in time"
         trials = {d.name: _rows(d) for d in (experiment.glob("federated_trial_*") if experiment.exists() else [])}
-        running = [(name, rows[-1]["pid"]) for name, rows in trials.items()
-                   if rows and rows[-1]["round"] < rounds and rows[-1]["pid"] not in killed and kills[name] < TRIAL_RETRIES]  # fmt: skip
+        running = [
+            (name, rows[-1]["pid"])
+            for name, rows in trials.items()
+            if rows and rows[-1]["round"] < rounds and rows[-1]["pid"] not in killed and kills[name] < TRIAL_RETRIES
+        ]
         if running:
             name, victim = pick.choice(running)
             try:
@@ -296,10 +335,12 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     trials = [d for d in experiment.glob("federated_trial_*")]
     params = [(d / "params.json").read_text() for d in trials]
     assert len(trials) == samples and len(set(params)) == samples  # every trial once, none run twice as another
-    for trial in trials:  # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
+    # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
+    for trial in trials:
         rows = _rows(trial)
         pids = {r["pid"] for r in rows}
-        reported = [r["round"] for r in rows]  # Tune may lose a row in a restart (the report takes it from the checkpoint)
+        # Tune may lose a row in a restart (the report takes it from the checkpoint)
+        reported = [r["round"] for r in rows]
         assert len(reported) == len(set(reported)), reported  # none ran twice
         if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
             assert len(pids) >= 2 or rows[-1]["pid"] in killed
@@ -316,7 +357,10 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     lost = experiment / trial["relative_logdir"]
     shutil.rmtree(lost)
     lost.mkdir()
-    (lost / "error.txt").write_text("Failure # 1 (occurred at 2026-11-25_12-00-00)\nray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n")
+    (lost / "error.txt").write_text(
+        "Failure # 1 (occurred at 2026-11-25_12-00-00)\nray.exceptions.ActorDiedError: The actor died "
+        "unexpectedly before finishing this task.\n"
+    )
     res = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "1 trials lost their worker while not running" in res.stdout, res.stdout + res.stderr
     assert [r["round"] for r in _rows(lost)] == list(range(1, rounds + 1)) and not (lost / "error.txt").exists()
@@ -326,7 +370,8 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     assert res.exit_code == 0 and "skipped" not in res.output, res.output
     runs = pd.read_parquet(report / "runs.parquet")
     assert len(runs) == samples  # report reads them all
-    assert (runs["rounds_run"] == rounds).all() and (runs["failed"] == "").all(), runs[["run", "rounds_run", "failed"]]  # no trial lost
+    # no trial lost
+    assert (runs["rounds_run"] == rounds).all() and (runs["failed"] == "").all(), runs[["run", "rounds_run", "failed"]]
     per_round = pd.read_parquet(report / "rounds.parquet").groupby("run")["round"].apply(list)
     assert all(r == list(range(1, rounds + 1)) for r in per_round), per_round  # every round of every trial once
 
@@ -336,7 +381,11 @@ def test_a_folder_in_use_is_refused_naming_its_process_and_a_dead_ones_lock_is_t
     from tuner.files import LOCK_FILE, folder_lock
 
     with folder_lock(tmp_path, "The sweep", "choose another --name"):
-        with pytest.raises(UserError, match=f"The sweep {tmp_path} is in use by process {os.getpid()}; wait for it to end, or choose another --name"):
+        with pytest.raises(
+            UserError,
+            match=f"The sweep {tmp_path} is in use by process {os.getpid()}; wait for it to end, or choose "
+            "another --name",
+        ):
             with folder_lock(tmp_path, "The sweep", "choose another --name"):
                 pass
     assert not (tmp_path / LOCK_FILE).exists()  # released

@@ -31,10 +31,13 @@ def test_concept_shift_permutes_labels_per_group():
         if PART.group[i] == 0:
             assert torch.equal(a, b)
         else:  # the same samples, relabelled by one fixed permutation of the group
-            mapping = {(int(u), int(v)) for u, v in zip(a, b)}
+            mapping = {(int(u), int(v)) for u, v in zip(a, b, strict=True)}
             assert len(mapping) == len({u for u, _ in mapping}) and any(u != v for u, v in mapping)
     same_group = [i for i in range(10) if PART.group[i] == 1]
-    maps = [dict(zip(plain.train.client(i)[1].tolist(), shifted.train.client(i)[1].tolist())) for i in same_group]
+    maps = [
+        dict(zip(plain.train.client(i)[1].tolist(), shifted.train.client(i)[1].tolist(), strict=True))
+        for i in same_group
+    ]
     shared = set(maps[0]) & set(maps[1])
     assert shared and all(maps[0][c] == maps[1][c] for c in shared)
 

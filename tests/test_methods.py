@@ -6,14 +6,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from algorithms import METHODS
-from algorithms.optimizers import SGD
-from algorithms.fedpac import SimplexQPs
-from tuner.config import RunConfig
-
 from simulations import client, sim_for
 
+from algorithms import METHODS
+from algorithms.fedpac import SimplexQPs
+from algorithms.optimizers import SGD
+from tuner.config import RunConfig
 
 # ------------------------------------------------------------------ GPFL
 
@@ -61,7 +59,10 @@ def test_gpfl_pfllib_step_is_pfllibs_client_step_to_rounding():
     sim = sim_for("gpfl-pfllib", dtype="float64", hparams={"lam": 0.3, "mu": 0.1})
     m, lam, mu = sim.method, 0.3, 0.1
     gen = torch.Generator().manual_seed(0)
-    state = {k: v + 0.05 * torch.randn(v.shape, generator=gen, dtype=v.dtype) if v.is_floating_point() else v for k, v in client(sim, 2).items()}
+    state = {
+        k: v + 0.05 * torch.randn(v.shape, generator=gen, dtype=v.dtype) if v.is_floating_point() else v
+        for k, v in client(sim, 2).items()
+    }
     state["gpfl.cond_gce"] = torch.randn(state["gce.weight"].shape, generator=gen, dtype=torch.float64)
     server = {**sim.server, "gce.weight": torch.randn(state["gce.weight"].shape, generator=gen, dtype=torch.float64)}
     x, y = sim.data.train.client(2)
@@ -91,7 +92,7 @@ def test_gpfl_pfllib_step_is_pfllibs_client_step_to_rounding():
     ours_loss = m.loss({**state, **ours_leaves}, server, x, y)
     ours = torch.autograd.grad(ours_loss, list(ours_leaves.values()))
     torch.testing.assert_close(ours_loss, loss + decay, rtol=1e-12, atol=1e-12)
-    for k, a, b in zip(trained, ours, theirs):
+    for k, a, b in zip(trained, ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=k)
 
 
@@ -197,7 +198,11 @@ def test_fedpac_qp_matches_brute_force_over_the_simplex():
     n = torch.tensor([60.0, 80.0, 40.0])
     alpha = sim.method.combination_weights(uploads, n).double().numpy()
     flat, v, nn_ = h.flatten(1).double().numpy(), uploads["pac.v"].double().numpy(), n.double().numpy()
-    grid = [np.array([a, b, 1 - a - b]) for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2) if a + b <= 1 + 1e-12]
+    grid = [
+        np.array([a, b, 1 - a - b])
+        for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2)
+        if a + b <= 1 + 1e-12
+    ]
     for i in range(3):
         best = min(grid, key=lambda g: paper_objective(g, i, flat, v, nn_))
         assert paper_objective(alpha[i], i, flat, v, nn_) <= paper_objective(best, i, flat, v, nn_) + 1e-6

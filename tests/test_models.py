@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tuner.errors import UserError
 from tuner.defaults import paper_defaults
+from tuner.errors import UserError
 from tuner.models import BACKBONES, build_backbone
 
 SHAPES = {

@@ -6,19 +6,27 @@ import ast
 import importlib.metadata
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = {"tuner", "algorithms", "bench", "tests", "simulations", "written_data", "conftest", "__future__"}
 
 
 def imported(folder: str) -> dict[str, str]:
-    """Top-level modules imported anywhere under the folder (at any depth of the code), each with one file importing it."""
+    """Top-level modules imported anywhere under the folder (at any depth of the code), each with one file
+    importing it."""
     found = {}
     for path in sorted((ROOT / folder).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 found.setdefault(name.split(".")[0], str(path.relative_to(ROOT)))
     return {m: p for m, p in found.items() if m not in OWN and m not in sys.stdlib_module_names}
@@ -37,4 +45,6 @@ def test_every_package_the_code_imports_is_declared():
         for folder in folders:
             for module, where in imported(folder).items():
                 names = {normalized(d) for d in distributions.get(module, [module])}
-                assert names & declared, f"{where} imports {module} ({', '.join(sorted(names))}), which pyproject.toml does not declare"
+                assert names & declared, (
+                    f"{where} imports {module} ({', '.join(sorted(names))}), which pyproject.toml does not declare"
+                )

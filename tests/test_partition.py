@@ -28,14 +28,14 @@ def test_no_sample_is_used_twice_and_splits_are_75_25():
         idx = all_indices(p)
         assert len(idx) == len(np.unique(idx)), s.kind
     p = partition(LABELS, 10, spec("dir", 0.5))
-    for tr, te in zip(p.train, p.test):
+    for tr, te in zip(p.train, p.test, strict=True):
         n = len(tr) + len(te)
         assert len(tr) == int(round(0.75 * n))
 
 
 def test_validation_is_carved_from_train():
     p = partition(LABELS, 10, spec("iid", None, val_frac=0.2))
-    for tr, va, te in zip(p.train, p.val, p.test):
+    for tr, va, te in zip(p.train, p.val, p.test, strict=True):
         assert len(va) == int(round(0.2 * (len(tr) + len(va))))
         assert len(te) == 375  # 1500 per client, 25 %
 
@@ -43,26 +43,28 @@ def test_validation_is_carved_from_train():
 def test_pathological_gives_exactly_n_classes_per_client():
     for n in (1, 2, 3):
         p = partition(LABELS, 10, spec("pat", n))
-        for tr, te in zip(p.train, p.test):
+        for tr, te in zip(p.train, p.test, strict=True):
             assert (class_counts(np.concatenate([tr, te])) > 0).sum() == n
     balanced = partition(LABELS, 10, spec("pat", 2, balance=True))
-    sizes = [len(a) + len(b) for a, b in zip(balanced.train, balanced.test)]
+    sizes = [len(a) + len(b) for a, b in zip(balanced.train, balanced.test, strict=True)]
     assert max(sizes) - min(sizes) <= 2
     unbalanced = partition(LABELS, 10, spec("pat", 2))
-    sizes = [len(a) + len(b) for a, b in zip(unbalanced.train, unbalanced.test)]
+    sizes = [len(a) + len(b) for a, b in zip(unbalanced.train, unbalanced.test, strict=True)]
     assert max(sizes) > 1.5 * min(sizes)
 
 
 def test_dirichlet_concentration_controls_skew():
     def top_share(beta):
         p = partition(LABELS, 10, spec("dir", beta, clients=10))
-        shares = [class_counts(np.concatenate([a, b])).max() / (len(a) + len(b)) for a, b in zip(p.train, p.test)]
+        shares = [
+            class_counts(np.concatenate([a, b])).max() / (len(a) + len(b)) for a, b in zip(p.train, p.test, strict=True)
+        ]
         return np.mean(shares)
 
     assert top_share(0.1) > 0.5  # a few classes dominate each client
     assert top_share(100.0) < 0.2  # close to uniform (0.1)
     p = partition(LABELS, 10, spec("dir", 0.1, min_samples=150))
-    assert min(len(a) + len(b) for a, b in zip(p.train, p.test)) >= 150
+    assert min(len(a) + len(b) for a, b in zip(p.train, p.test, strict=True)) >= 150
 
 
 def test_pac_groups_dominant_classes_and_fixed_sizes():
@@ -70,7 +72,7 @@ def test_pac_groups_dominant_classes_and_fixed_sizes():
     dominant = P.pac_dominant_classes(10, 5, None)
     assert dominant[0] == [0, 1, 2] and dominant[4] == [8, 9, 0]
     shares = []
-    for i, (tr, te) in enumerate(zip(p.train, p.test)):
+    for i, (tr, te) in enumerate(zip(p.train, p.test, strict=True)):
         assert len(tr) == 300 and len(te) == 200
         assert p.group[i] == i % 5
         counts = class_counts(tr)
@@ -86,7 +88,9 @@ def test_pac_counts_and_reuse_follow_fedpacs_code():
     emnist = P.pac_counts(1000, 0.2, 62, list(range(10)))  # 200 uniform: 3 per class, the last class 17
     assert emnist.sum() == 1000 and emnist[10] == 3 and emnist[61] == 17 and emnist[9] == 3 + 80
     p = partition(LABELS, 10, spec("pac", 20, clients=100, pac_train=600, pac_test=600))  # more than the data: reused
-    assert all(len(tr) == 600 and len(te) == 600 and len(set(tr)) == 600 for tr, te in zip(p.train, p.test))
+    assert all(
+        len(tr) == 600 and len(te) == 600 and len(set(tr)) == 600 for tr, te in zip(p.train, p.test, strict=True)
+    )
     assert not set(np.concatenate(p.train)) & set(np.concatenate(p.test))  # nobody's test sample is trained on
     assert len(np.concatenate(p.train)) > len(set(np.concatenate(p.train)))
 
@@ -101,7 +105,12 @@ def test_impossible_requests_are_refused():
     for bad in ("dir", "zipf:2"):
         with pytest.raises(UserError, match="not understood"):
             parse_partition(bad)
-    for bad, allowed in (("dir:-1", "above 0"), ("pat:1.5", "per client, at least 1"), ("pat:0", "at least 1"), ("pac:120", "from 0 to 100")):
+    for bad, allowed in (
+        ("dir:-1", "above 0"),
+        ("pat:1.5", "per client, at least 1"),
+        ("pat:0", "at least 1"),
+        ("pac:120", "from 0 to 100"),
+    ):
         with pytest.raises(UserError, match=f"{bad}'.*{allowed}, not {bad.split(':')[1]}"):  # the range its kind allows
             parse_partition(bad)
     assert parse_partition("pac:0") == ("pac", 0.0)  # every sample from the dominant classes: a value, allowed
@@ -113,7 +122,7 @@ def test_partitions_are_seeded_and_cached(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("synthetic-dir-*.npz"))) == 1
     b = partition(LABELS, 10, spec("dir", 0.3), dataset="synthetic")  # from the cache
     c = partition(LABELS, 10, spec("dir", 0.3))  # recomputed with the same seed
-    for x, y, z in zip(a.train, b.train, c.train):
+    for x, y, z in zip(a.train, b.train, c.train, strict=True):
         assert np.array_equal(x, y) and np.array_equal(x, z)
     partition(LABELS, 10, spec("dir", 0.3, train_frac=0.8), dataset="synthetic")
     assert len(list(tmp_path.glob("synthetic-dir-*.npz"))) == 2  # every shaping setting is in the key

@@ -14,15 +14,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from simulations import assert_equal_states, exact_config, run_rounds
 from typer.testing import CliRunner
 
-from simulations import assert_equal_states, exact_config, run_rounds
 from tuner.cli import app
-from tuner.sweep.trials import trial_config
 from tuner.errors import UserError
 from tuner.run import build_simulation, run
 from tuner.schedule import ROUNDS_FILE, load_schedule, read_rounds
 from tuner.space import load_space
+from tuner.sweep.trials import trial_config
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 BASE = "settings: {dataset: digits, clients: 4, rounds: 10}\n"
@@ -40,40 +40,91 @@ def test_pbt_perturbs_the_searched_float_settings_and_replaces_asha(tmp_path):
     assert (pop.kind, pop.mutate, pop.interval, pop.quantile) == ("pbt", ["lam", "mu", "lr"], 3, 0.25)  # 15 rounds // 5
     assert space.stop.grace is None and any("ASHA does not run under pbt" in n for n in space.notes)
     assert load_space(SPACES / "demo.yaml", "gpfl").population is None  # asha, as before
-    mapping = write(tmp_path, BASE + "search: {lr: {loguniform: [0.001, 0.1]}, batch_size: {grid: [10, 20]}}\n"
-                    "samples: 4\nscheduler: {kind: pb2, perturbation_interval: 2}\n")  # fmt: skip
+    mapping = write(
+        tmp_path,
+        BASE + "search: {lr: {loguniform: [0.001, 0.1]}, batch_size: {grid: [10, 20]}}\n"
+        "samples: 4\nscheduler: {kind: pb2, perturbation_interval: 2}\n",
+    )
     pop = load_space(mapping, "fedavg").population
     assert (pop.kind, pop.mutate, pop.interval) == ("pb2", ["lr"], 2)  # batch_size stays searched, not mutated
-    assert load_space(mapping, "fedavg", {"scheduler": "pbt"}).population.interval == 2  # --scheduler names the kind alone
+    # --scheduler names the kind alone
+    assert load_space(mapping, "fedavg", {"scheduler": "pbt"}).population.interval == 2
 
 
-@pytest.mark.parametrize("text, message", [
-    ("search: {batch_size: {int: [10, 50]}, lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [batch_size]}",
-     "scheduler.mutate names 'batch_size', which shapes a training step or the data"),
-    ("search: {lr: {grid: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [lr]}", "perturbs uniform and loguniform ranges only"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [mu]}", "names 'mu', which search does not"),
-    ("search: {batch_size: {grid: [10, 20]}}\nsamples: 4\nscheduler: pbt", "pbt perturbs float training settings"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, perturbation_interval: 10}", "must be below the run's 10 rounds"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, quantile: 0.7}", "quantile must be above 0 and at most 0.5"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 1\nscheduler: pbt", "needs a population of at least 2 trials"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, synch: true}", "scheduler.synch is unknown"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, interval: 2}", "scheduler.interval is unknown"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: {kind: asha, quantile: 0.2}", "belongs to pbt and pb2; ASHA is set by stop.grace"),
-    ("search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: hyperband", "unknown scheduler 'hyperband'; use one of asha, pbt, pb2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "search: {batch_size: {int: [10, 50]}, lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: "
+            "pbt, mutate: [batch_size]}",
+            "scheduler.mutate names 'batch_size', which shapes a training step or the data",
+        ),
+        (
+            "search: {lr: {grid: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [lr]}",
+            "perturbs uniform and loguniform ranges only",
+        ),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, mutate: [mu]}",
+            "names 'mu', which search does not",
+        ),
+        ("search: {batch_size: {grid: [10, 20]}}\nsamples: 4\nscheduler: pbt", "pbt perturbs float training settings"),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, perturbation_interval: 10}",
+            "must be below the run's 10 rounds",
+        ),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, quantile: 0.7}",
+            "quantile must be above 0 and at most 0.5",
+        ),
+        ("search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 1\nscheduler: pbt", "needs a population of at least 2 trials"),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, synch: true}",
+            "scheduler.synch is unknown",
+        ),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nsamples: 4\nscheduler: {kind: pbt, interval: 2}",
+            "scheduler.interval is unknown",
+        ),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: {kind: asha, quantile: 0.2}",
+            "belongs to pbt and pb2; ASHA is set by stop.grace",
+        ),
+        (
+            "search: {lr: {uniform: [0.01, 0.1]}}\nscheduler: hyperband",
+            "unknown scheduler 'hyperband'; use one of asha, pbt, pb2",
+        ),
+    ],
+)
 def test_a_population_a_space_cannot_train_is_refused_in_one_sentence(tmp_path, text, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_space(write(tmp_path, BASE + text), "fedavg")
 
 
 def test_seed_reruns_of_a_population_sweep_are_refused_before_anything_starts(tmp_path):
-    res = CliRunner().invoke(app, ["sweep", "gpfl", "--space", str(SPACES / "demo.yaml"), "--scheduler", "pbt", "--seeds", "2", "--storage", str(tmp_path)])
-    assert res.exit_code == 2 and "a pbt trial's is a schedule: replay it with `tuner run --schedule`" in " ".join(res.output.split())
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "gpfl",
+            "--space",
+            str(SPACES / "demo.yaml"),
+            "--scheduler",
+            "pbt",
+            "--seeds",
+            "2",
+            "--storage",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 2 and "a pbt trial's is a schedule: replay it with `tuner run --schedule`" in " ".join(
+        res.output.split()
+    )
     assert not list(tmp_path.iterdir())
 
 
 def set_in_place(sim, lr: float, lam: float) -> None:
-    """The donor's own simulation going on under other settings: its hyperparameter inputs overwritten where they are."""
+    """The donor's own simulation going on under other settings: its hyperparameter inputs overwritten where
+    they are."""
     sim.method.training.lr.fill_(lr)
     sim.method.hp.lam.fill_(lam)
 
@@ -82,7 +133,9 @@ def set_in_place(sim, lr: float, lam: float) -> None:
 def test_after_an_exploit_the_next_round_is_the_donors_state_going_on_under_the_new_settings(tmp_path, executor):
     """The recipient is built with its new settings and loads the donor's checkpoint file, as a PBT trial does; the
     reference is the donor's own simulation with its hyperparameter inputs changed in place (float64)."""
-    donor_cfg = exact_config("gpfl", executor=executor, join_ratio="1", rounds=4, lr=0.05, hparams={"lam": 0.01, "mu": 0.1})
+    donor_cfg = exact_config(
+        "gpfl", executor=executor, join_ratio="1", rounds=4, lr=0.05, hparams={"lam": 0.01, "mu": 0.1}
+    )
     donor, _ = run_rounds(donor_cfg, 2)
     torch.save(donor.state_dict(), tmp_path / "simulation.pt")
     recipient = build_simulation(replace(donor_cfg, lr=0.02, hparams={"lam": 0.3, "mu": 0.1}))
@@ -91,7 +144,8 @@ def test_after_an_exploit_the_next_round_is_the_donors_state_going_on_under_the_
     rows = donor.step(), recipient.step()
     assert_equal_states(donor, recipient)
     assert rows[0]["acc"] == rows[1]["acc"] and rows[0]["train_loss"] == pytest.approx(rows[1]["train_loss"], abs=1e-12)
-    unchanged, _ = run_rounds(donor_cfg, 3)  # the new settings took effect: the round differs from the donor's own third
+    # the new settings took effect: the round differs from the donor's own third
+    unchanged, _ = run_rounds(donor_cfg, 3)
     assert not torch.allclose(unchanged.server["body.1.weight"], recipient.server["body.1.weight"], atol=1e-6)
 
 
@@ -105,7 +159,8 @@ def test_a_schedule_replays_the_rounds_an_exploit_gave_a_trial(tmp_path):
     rows += [recipient.step(), recipient.step()]
     schedule = tmp_path / "schedule.csv"
     pd.DataFrame({"round": [1, 2, 3, 4], "lr": [0.05, 0.05, 0.02, 0.02]}).to_csv(schedule, index=False)
-    replay = run(replace(cfg, lr=0.9).resolved(), tmp_path / "replay", schedule=load_schedule(schedule, cfg))  # its round 1 sets lr
+    # its round 1 sets lr
+    replay = run(replace(cfg, lr=0.9).resolved(), tmp_path / "replay", schedule=load_schedule(schedule, cfg))
     assert_equal_states(recipient, replay)
     assert [r["acc"] for r in replay.history] == [r["acc"] for r in rows]
     assert "lr: 0.05" in (tmp_path / "replay" / "config.yaml").read_text()  # config.yaml says what round 1 ran
@@ -118,7 +173,7 @@ def test_a_schedule_file_that_is_wrong_is_one_sentence(tmp_path):
         ({"round": [1, 2], "lam": [0.1, 0.2]}, "'lam' is not a setting of fedavg"),
         ({"round": [1, 2]}, "names no setting"),
         ({"lr": [0.1, 0.2]}, "has no 'round' column"),
-    ]:  # fmt: skip
+    ]:
         pd.DataFrame(frame).to_csv(tmp_path / "s.csv", index=False)
         with pytest.raises(UserError, match=message):
             load_schedule(tmp_path / "s.csv", cfg)
@@ -127,13 +182,32 @@ def test_a_schedule_file_that_is_wrong_is_one_sentence(tmp_path):
 def test_tuner_run_replays_a_schedule_file_for_its_rounds_and_refuses_a_wrong_one_before_any_folder(tmp_path):
     schedule = tmp_path / "s.csv"
     pd.DataFrame({"round": [1, 2, 3], "lr": [0.05, 0.05, 0.02]}).to_csv(schedule, index=False)
-    args = ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential", "--schedule", str(schedule)]
+    args = [
+        "run",
+        "fedavg",
+        "--dataset",
+        "digits",
+        "--partition",
+        "iid",
+        "--clients",
+        "4",
+        "--set",
+        "executor=sequential",
+        "--schedule",
+        str(schedule),
+    ]
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
-    assert pd.read_parquet(tmp_path / "r" / "metrics.parquet")["round"].tolist() == [1, 2, 3]  # --rounds: the schedule's
+    assert pd.read_parquet(tmp_path / "r" / "metrics.parquet")["round"].tolist() == [
+        1,
+        2,
+        3,
+    ]  # --rounds: the schedule's
     pd.DataFrame({"round": [1, 2], "lam": [0.1, 0.2]}).to_csv(schedule, index=False)
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "wrong")])
-    assert res.exit_code == 2 and "'lam' is not a setting of fedavg" in res.output and not (tmp_path / "wrong").exists(), res.output
+    assert (
+        res.exit_code == 2 and "'lam' is not a setting of fedavg" in res.output and not (tmp_path / "wrong").exists()
+    ), res.output
 
 
 @pytest.mark.slow
@@ -142,12 +216,18 @@ def test_a_perturbation_compiles_nothing():
     float hyperparameters are inputs alike, tests/test_engine.py) are inputs of the same programs."""
     from tuner.run import rebuilt
 
-    cfg = exact_config("fedprox", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"mu": 0.1})
+    cfg = exact_config(
+        "fedprox", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"mu": 0.1}
+    )
     donor, _ = run_rounds(cfg, 1)
     assert donor.executor.ran.programs > 0 and not donor.executor.ran.not_compiled()
     recipient = rebuilt(donor, replace(cfg, lr=0.02, hparams={"mu": 0.3}).resolved())
     recipient.step()
-    assert recipient.executor.ran.programs == 0 and recipient.executor.ran.compiled_steps > 0 and not recipient.executor.ran.not_compiled()
+    assert (
+        recipient.executor.ran.programs == 0
+        and recipient.executor.ran.compiled_steps > 0
+        and not recipient.executor.ran.not_compiled()
+    )
 
 
 def run_trial(monkeypatch, tmp_path, name: str, config: dict, base: dict, donor: Path | None = None) -> list[Path]:
@@ -168,7 +248,12 @@ def run_trial(monkeypatch, tmp_path, name: str, config: dict, base: dict, donor:
             kept.append(tmp_path / name / f"checkpoint_{len(kept):06d}")
             shutil.copytree(checkpoint.path, kept[-1])
 
-    context = types.SimpleNamespace(get_trial_name=lambda: name, get_trial_dir=lambda: str(tmp_path / name), get_node_id=lambda: "node", get_assigned_resources=lambda: {"CPU": 1})
+    context = types.SimpleNamespace(
+        get_trial_name=lambda: name,
+        get_trial_dir=lambda: str(tmp_path / name),
+        get_node_id=lambda: "node",
+        get_assigned_resources=lambda: {"CPU": 1},
+    )
     monkeypatch.setattr(tune, "report", report)
     monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(donor)) if donor else None)
     monkeypatch.setattr(tune, "get_context", lambda: context)
@@ -184,23 +269,39 @@ def run_trial(monkeypatch, tmp_path, name: str, config: dict, base: dict, donor:
 
 
 @pytest.mark.slow
-def test_an_exploited_trial_writes_its_donors_rounds_then_its_own_and_its_rounds_file_replays_them(tmp_path, monkeypatch):
+def test_an_exploited_trial_writes_its_donors_rounds_then_its_own_and_its_rounds_file_replays_them(
+    tmp_path, monkeypatch
+):
     """The trainable started from another trial's round-2 checkpoint (PBT's exploit) with its own lr: its rounds
     file holds the donor's rounds 1-2 (the donor's name and lr) and its own 3-4, and `tuner run --schedule` on that
     file runs the same four rounds (float64)."""
-    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "rounds": 4, "executor": "sequential",
-            "dtype": "float64", "val_frac": 0.1, "checkpoint_every": 2}  # fmt: skip
+    base = {
+        "method": "fedavg",
+        "dataset": "digits",
+        "partition": "iid",
+        "clients": 4,
+        "rounds": 4,
+        "executor": "sequential",
+        "dtype": "float64",
+        "val_frac": 0.1,
+        "checkpoint_every": 2,
+    }
     donor = run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base)
     recipient = run_trial(monkeypatch, tmp_path, "recipient", {"lr": 0.02}, base, donor=donor[0])
     rows, settings = read_rounds(recipient[-1] / ROUNDS_FILE)
     assert settings == ["lr"] and [(r["round"], r["trial"], r["lr"]) for r in rows] == [
-        (1, "donor", 0.05), (2, "donor", 0.05), (3, "recipient", 0.02), (4, "recipient", 0.02)]  # fmt: skip
+        (1, "donor", 0.05),
+        (2, "donor", 0.05),
+        (3, "recipient", 0.02),
+        (4, "recipient", 0.02),
+    ]
     trained = pd.read_parquet(recipient[-1] / ROUNDS_FILE)
-    assert list(trained["acc"][:2]) == list(pd.read_parquet(donor[-1] / ROUNDS_FILE)["acc"][:2])  # the donor's rounds, as it ran them
+    # the donor's rounds, as it ran them
+    assert list(trained["acc"][:2]) == list(pd.read_parquet(donor[-1] / ROUNDS_FILE)["acc"][:2])
     cfg = trial_config(base, {"lr": 0.9})
     replay = run(cfg, tmp_path / "replay", schedule=load_schedule(recipient[-1] / ROUNDS_FILE, cfg))  # the file sets lr
     assert [r["acc"] for r in replay.history] == list(trained["acc"])
-    assert max(abs(r["train_loss"] - t) for r, t in zip(replay.history, trained["train_loss"])) < 1e-9
+    assert max(abs(r["train_loss"] - t) for r, t in zip(replay.history, trained["train_loss"], strict=True)) < 1e-9
 
 
 @pytest.mark.slow
@@ -209,12 +310,22 @@ def test_a_trial_handed_a_donors_last_round_ends_with_it_recorded_as_its_own(tmp
     recipient then has no round left to run, and still ends with one checkpoint of that state in its own folder (the
     donor's rows, its figures reported). A trial resumed from its own last checkpoint (killed after it, before Tune
     saw it end) reports nothing again: that round is in its rows already."""
-    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "rounds": 2, "executor": "sequential",
-            "checkpoint_every": 2}  # fmt: skip
+    base = {
+        "method": "fedavg",
+        "dataset": "digits",
+        "partition": "iid",
+        "clients": 4,
+        "rounds": 2,
+        "executor": "sequential",
+        "checkpoint_every": 2,
+    }
     donor = run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base)
     recipient = run_trial(monkeypatch, tmp_path, "recipient", {"lr": 0.02}, base, donor=donor[-1])
     assert len(recipient) == 1 and recipient[0].parent.name == "recipient"
-    assert [(r["round"], r["trial"]) for r in read_rounds(recipient[0] / ROUNDS_FILE)[0]] == [(1, "donor"), (2, "donor")]
+    assert [(r["round"], r["trial"]) for r in read_rounds(recipient[0] / ROUNDS_FILE)[0]] == [
+        (1, "donor"),
+        (2, "donor"),
+    ]
     assert pd.read_parquet(recipient[0] / ROUNDS_FILE).equals(pd.read_parquet(donor[-1] / ROUNDS_FILE))
     assert run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base, donor=donor[-1]) == []
 
@@ -238,8 +349,13 @@ def test_the_sweeps_page_quotes_the_committed_scheduler_comparison(folder):
     spent_at = record["figures"]["setting"]["spent_at"]
     for (method, scheduler), group in sweeps.groupby(["method", "scheduler"]):
         val, test = 100 * group["best_val_acc"], 100 * group["selected_acc"]
-        anytime = " / ".join(f"{100 * pd.Series([a[i] for a in group['anytime']]).mean():.1f}" for i in range(len(spent_at)))
-        row = f"| {method} | {scheduler} | {len(group)} | {val.mean():.2f} ± {val.std():.2f} | {test.mean():.2f} ± {test.std():.2f} | {anytime} |"
+        anytime = " / ".join(
+            f"{100 * pd.Series([a[i] for a in group['anytime']]).mean():.1f}" for i in range(len(spent_at))
+        )
+        row = (
+            f"| {method} | {scheduler} | {len(group)} | {val.mean():.2f} ± {val.std():.2f} | "
+            f"{test.mean():.2f} ± {test.std():.2f} | {anytime} |"
+        )
         assert row in page, row
     assert record["command"] in page and record["commit"] in page
 
@@ -250,7 +366,9 @@ def json_file(path: Path) -> dict:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an_exploited_trial_replays_exactly(tmp_path, spawn):
+def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an_exploited_trial_replays_exactly(
+    tmp_path, spawn
+):
     """PBT over 3 trials on Ray. SIGTERM once a checkpoint exists: the sweep stops with its state saved (130, the
     --resume hint); --resume brings the scheduler back and every trial ends at its last round with one row a round
     in its rounds file. Whether a trial exploits another here depends on when Ray Tune sees each report (seen both
@@ -258,7 +376,11 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
     the best trial's schedule and its replay files."""
     root = Path(__file__).resolve().parents[1]
     space = tmp_path / "term.yaml"
-    space.write_text(TINY_PBT.replace("rounds: 4", "rounds: 6").replace("dtype: float64", "dtype: float64, local_epochs: 4, batch_size: 40"))  # stopped after round 2
+    space.write_text(
+        TINY_PBT.replace("rounds: 4", "rounds: 6").replace(
+            "dtype: float64", "dtype: float64, local_epochs: 4, batch_size: 40"
+        )
+    )  # stopped after round 2
     cmd = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = spawn(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -281,8 +403,33 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
         exploited += [rounds] if rows[0]["trial"] != rows[-1]["trial"] else []
     for i, path in enumerate(exploited):  # where Ray's timing gave an exploit, its trial replays exactly
         folder = tmp_path / f"replay{i}"
-        replay = CliRunner().invoke(app, ["run", "fedavg", "--dataset", "digits", "--partition", "iid", "--clients", "4", "--set", "executor=sequential",
-                                          "--set", "dtype=float64", "--set", "local_epochs=4", "--set", "batch_size=40", "--set", "val_frac=0.1", "--schedule", str(path), "--out", str(folder)])  # fmt: skip
+        replay = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "fedavg",
+                "--dataset",
+                "digits",
+                "--partition",
+                "iid",
+                "--clients",
+                "4",
+                "--set",
+                "executor=sequential",
+                "--set",
+                "dtype=float64",
+                "--set",
+                "local_epochs=4",
+                "--set",
+                "batch_size=40",
+                "--set",
+                "val_frac=0.1",
+                "--schedule",
+                str(path),
+                "--out",
+                str(folder),
+            ],
+        )
         assert replay.exit_code == 0, replay.output
         replayed, trained = pd.read_parquet(folder / "metrics.parquet"), pd.read_parquet(path)
         assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])

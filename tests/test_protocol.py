@@ -6,18 +6,19 @@ import pytest
 import torch
 
 from tuner.config import RunConfig, apply_settings
-
-from tuner.sweep.trials import trial_config
 from tuner.data.augment import PAD, crop_flip
 from tuner.data.dataset import decode
 from tuner.data.datasets import load_dataset
 from tuner.run import build_data, build_simulation, partition_spec
+from tuner.sweep.trials import trial_config
 
 CPU = torch.device("cpu")
 
 
 def config(method="fedavg", **settings):
-    return apply_settings(RunConfig(method=method), {"dataset": "digits", "partition": "dir:0.1", "clients": 10, **settings}, "test").resolved()
+    return apply_settings(
+        RunConfig(method=method), {"dataset": "digits", "partition": "dir:0.1", "clients": 10, **settings}, "test"
+    ).resolved()
 
 
 def same_data(a, b) -> bool:
@@ -53,14 +54,42 @@ def test_seed_reruns_vary_the_partition_only_when_asked():
         ("gpfl-nomlg", {"dataset": "cifar10", "backbone": "resnet18"}, {"lam": 1e-4, "mlg": False}),
         ("fedcp", {"dataset": "cifar10"}, {"lam": 5.0}),
         ("fedcp", {"dataset": "tinyimagenet", "backbone": "resnet18"}, {"lam": 1.0, "lr": 0.1}),
-        ("fedpac", {"dataset": "fmnist"}, {"backbone": "pac_cnn", "lr": 0.01, "batch_size": 50, "local_epochs": 5, "momentum": 0.5,
-                                           "weight_decay": 5e-4, "full_last_round": True, "augment": False}),  # fmt: skip
-        ("fedpac", {"dataset": "cifar10"}, {"backbone": "pac_cnn", "lr": 0.02, "augment": True, "normalize": "dataset"}),
+        (
+            "fedpac",
+            {"dataset": "fmnist"},
+            {
+                "backbone": "pac_cnn",
+                "lr": 0.01,
+                "batch_size": 50,
+                "local_epochs": 5,
+                "momentum": 0.5,
+                "weight_decay": 5e-4,
+                "full_last_round": True,
+                "augment": False,
+            },
+        ),
+        (
+            "fedpac",
+            {"dataset": "cifar10"},
+            {"backbone": "pac_cnn", "lr": 0.02, "augment": True, "normalize": "dataset"},
+        ),
         ("fedpac", {"dataset": "emnist"}, {"batch_size": 100, "groups": 3}),
         ("fedpac-cc", {"dataset": "fmnist"}, {"lam": 0.0, "batch_size": 50}),
-        ("fedavg", {"dataset": "fmnist", "protocol": "fedpac"}, {"backbone": "pac_cnn", "batch_size": 50, "momentum": 0.5, "weight_decay": 5e-4}),
-        ("fedavg", {"dataset": "fmnist"}, {"backbone": "cnn4", "batch_size": 10, "local_epochs": 1, "momentum": 0.0, "full_last_round": False}),
-        ("fedpac", {"dataset": "fmnist", "lr": 0.05, "backbone": "cnn4", "momentum": 0.0}, {"lr": 0.05, "backbone": "cnn4", "momentum": 0.0}),
+        (
+            "fedavg",
+            {"dataset": "fmnist", "protocol": "fedpac"},
+            {"backbone": "pac_cnn", "batch_size": 50, "momentum": 0.5, "weight_decay": 5e-4},
+        ),
+        (
+            "fedavg",
+            {"dataset": "fmnist"},
+            {"backbone": "cnn4", "batch_size": 10, "local_epochs": 1, "momentum": 0.0, "full_last_round": False},
+        ),
+        (
+            "fedpac",
+            {"dataset": "fmnist", "lr": 0.05, "backbone": "cnn4", "momentum": 0.0},
+            {"lr": 0.05, "backbone": "cnn4", "momentum": 0.0},
+        ),
         ("gpfl", {"dataset": "cifar10", "backbone": "resnet18", "lam": 0.5}, {"lam": 0.5, "mu": 0.0}),
     ],
 )
@@ -75,17 +104,28 @@ def test_the_search_space_default_point_and_reproduce_use_the_table(tmp_path):
     from tuner.space import load_space
 
     space = tmp_path / "s.yaml"
-    space.write_text("settings: {dataset: cifar10, backbone: resnet18}\nsearch:\n  lam: {loguniform: [1.0e-5, 1]}\n  mu: {uniform: [0, 1]}\n")
+    space.write_text(
+        "settings: {dataset: cifar10, backbone: resnet18}\nsearch:\n  lam: {loguniform: [1.0e-5, 1]}\n  mu: "
+        "{uniform: [0, 1]}\n"
+    )
     assert load_space(space, "gpfl").defaults() == {"lam": 1e-4, "mu": 0.0}
     todo, _ = cells("fedpac-table1", datasets=["fmnist"])
     assert todo and all(c["protocol"] == "fedpac" for c in todo)
     fedavg = trial_config({"rounds": 1}, {"cell": next(c for c in todo if c["method"] == "fedavg")})
-    assert (fedavg.batch_size, fedavg.local_epochs, fedavg.momentum, fedavg.weight_decay, fedavg.lr) == (50, 5, 0.5, 5e-4, 0.01)
+    assert (fedavg.batch_size, fedavg.local_epochs, fedavg.momentum, fedavg.weight_decay, fedavg.lr) == (
+        50,
+        5,
+        0.5,
+        5e-4,
+        0.01,
+    )
 
 
 def test_everyone_takes_part_in_the_last_round_when_the_protocol_says_so():
     for full in (True, False):
-        sim = build_simulation(config(join_ratio="0.3", rounds=3, full_last_round=full, partition="iid", executor="sequential"))
+        sim = build_simulation(
+            config(join_ratio="0.3", rounds=3, full_last_round=full, partition="iid", executor="sequential")
+        )
         rows = [sim.step() for _ in range(3)]
         assert [r["clients"] for r in rows] == [3, 3, 10 if full else 3]
 
@@ -106,12 +146,17 @@ def test_augmented_training_is_the_same_under_both_executors_and_differs_from_pl
     runs = {}
     for executor in ("sequential", "vectorized"):
         for augment in (True, False):
-            sim = build_simulation(config("fedper", executor=executor, augment=augment, rounds=2, lr=0.05, dtype="float64"))
+            sim = build_simulation(
+                config("fedper", executor=executor, augment=augment, rounds=2, lr=0.05, dtype="float64")
+            )
             sim.step()
             runs[executor, augment] = sim
     for k, v in runs["sequential", True].clients.items():
-        torch.testing.assert_close(runs["vectorized", True].clients[k], v, rtol=1e-9, atol=1e-9)  # float64: rounding is ~1e-15
-    assert not torch.allclose(runs["sequential", True].clients["head.weight"], runs["sequential", False].clients["head.weight"])
+        # float64: rounding is ~1e-15
+        torch.testing.assert_close(runs["vectorized", True].clients[k], v, rtol=1e-9, atol=1e-9)
+    assert not torch.allclose(
+        runs["sequential", True].clients["head.weight"], runs["sequential", False].clients["head.weight"]
+    )
 
 
 def test_dataset_normalization_standardizes_each_channel():
@@ -137,8 +182,15 @@ def test_every_cell_of_every_table_resolves_under_its_protocol_and_fmnist_cells_
             cfg = trial_config({"rounds": 1}, {"cell": cell, "seed": 0})
             assert cfg.protocol == ("fedpac" if paper.startswith("FedPAC") else "pfllib")
             if paper.startswith("FedPAC"):
-                assert (cfg.batch_size, cfg.local_epochs, cfg.momentum, cfg.full_last_round) == ((100 if cfg.dataset == "emnist" else 50), 5, 0.5, True)
-                assert cfg.groups == (3 if cfg.dataset == "emnist" else 5) and cfg.augment == (cfg.dataset in ("cifar10", "cinic10"))
+                assert (cfg.batch_size, cfg.local_epochs, cfg.momentum, cfg.full_last_round) == (
+                    (100 if cfg.dataset == "emnist" else 50),
+                    5,
+                    0.5,
+                    True,
+                )
+                assert cfg.groups == (3 if cfg.dataset == "emnist" else 5) and cfg.augment == (
+                    cfg.dataset in ("cifar10", "cinic10")
+                )
             else:
                 assert (cfg.batch_size, cfg.local_epochs, cfg.momentum) == (10, 1, 0.0)
             if cfg.dataset == "fmnist" and DEBIAN_FMNIST.exists():

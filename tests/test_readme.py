@@ -40,7 +40,9 @@ def run_main_job(tmp_path) -> Path:
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
     for command in readme_main_job():  # with the README's relative paths, from the copy as working directory
         args = shlex.split(command)
-        res = subprocess.run([sys.executable, "-m", "tuner.cli", *args[1:]], cwd=copy, capture_output=True, text=True, timeout=900)
+        res = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", *args[1:]], cwd=copy, capture_output=True, text=True, timeout=900
+        )
         assert res.returncode == 0, f"{command}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         assert "Traceback" not in res.stdout + res.stderr
     return copy
@@ -53,7 +55,9 @@ def test_readme_main_job_from_a_copy_of_the_repository(tmp_path):
     report = copy / "results" / "report"
     runs = pd.read_parquet(report / "runs.parquet")
     trials = runs[runs["stage"] == "search"]
-    assert len(trials) == 8 and set(trials["method"]) == {"gpfl"} and trials["experiment"].str.startswith(str(copy)).all()
+    assert (
+        len(trials) == 8 and set(trials["method"]) == {"gpfl"} and trials["experiment"].str.startswith(str(copy)).all()
+    )
     assert trials["selected_acc"].notna().all()
     rounds = pd.read_parquet(report / "rounds.parquet")
     assert set(trials["run"]) <= set(rounds["run"])
@@ -69,10 +73,16 @@ def suite_counts(session: pytest.Session) -> tuple[int, int]:
     """The quick loop's and the whole suite's test counts: this session's own collection where it is the whole suite
     (as in CI: an xdist worker collects every test), else a collection of its own (15 s: every test module imported)."""
     option = session.config.option
-    if session.config.args_source == pytest.Config.ArgsSource.TESTPATHS and not (option.keyword or option.markexpr or option.deselect):
+    if session.config.args_source == pytest.Config.ArgsSource.TESTPATHS and not (
+        option.keyword or option.markexpr or option.deselect
+    ):
         return sum(not item.get_closest_marker("slow") for item in session.items), len(session.items)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-n", "0", "-m", "not slow"],
-                         cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-n", "0", "-m", "not slow"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
     quick, whole = map(int, re.search(r"(\d+)/(\d+) tests collected", out).groups())
     return quick, whole
 
@@ -89,14 +99,19 @@ def test_the_readmes_suite_time_holds_the_newest_fresh_clone_timing():
     readme = " ".join((ROOT / "README.md").read_text().split())
     low, high = map(int, re.search(r"on a fresh clone, \d+ tests in (\d+) to (\d+) minutes", readme).groups())
     timings = (ROOT / "docs" / "performance.md").read_text().split("## Timings", 1)[1]
-    minutes, seconds = map(int, re.search(r"\| \d+ tests in (\d+) min (\d+) s", timings).groups())  # the newest row is first
+    # the newest row is first
+    minutes, seconds = map(int, re.search(r"\| \d+ tests in (\d+) min (\d+) s", timings).groups())
     assert low * 60 <= minutes * 60 + seconds < (high + 1) * 60, (low, high, minutes, seconds)
 
 
 def test_every_section_the_code_points_to_exists():
     """`docs/X.md, "Section"` in a docstring or comment names a heading of that page (a user follows it)."""
-    pointers = [(path, doc, section) for folder in ("tuner", "algorithms", "examples", "bench") for path in (ROOT / folder).rglob("*.py")
-                for doc, section in re.findall(r'(docs/[a-z_]+\.md), "([^"]+)"', path.read_text())]  # fmt: skip
+    pointers = [
+        (path, doc, section)
+        for folder in ("tuner", "algorithms", "examples", "bench")
+        for path in (ROOT / folder).rglob("*.py")
+        for doc, section in re.findall(r'(docs/[a-z_]+\.md), "([^"]+)"', path.read_text())
+    ]
     assert len(pointers) >= 4
     for path, doc, section in pointers:
         headings = [line.lstrip("#").strip() for line in (ROOT / doc).read_text().splitlines() if line.startswith("#")]

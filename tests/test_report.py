@@ -1,8 +1,8 @@
 """`tuner report`: runs and sweeps collected, the papers' tables rebuilt with mean ± std over seeds."""
 
 import json
-import re
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -47,11 +47,29 @@ def results(tmp_path):
     root = tmp_path / "results"
     write_run(root / "runs" / "fedper", "fedper", [0.90, 0.95, 0.94])
     write_run(root / "runs" / "gpfl-lam0.1", "gpfl", [0.70, 0.80, 0.79], lam=0.1)
-    write_run(root / "runs" / "digits", "fedavg", [0.5, 0.6, 0.7], dataset="digits", backbone="mlp", partition="iid", clients=4)
+    write_run(
+        root / "runs" / "digits",
+        "fedavg",
+        [0.5, 0.6, 0.7],
+        dataset="digits",
+        backbone="mlp",
+        partition="iid",
+        clients=4,
+    )
     base = {"method": "gpfl", **PAT}
     resumed = rows([0.85, 0.88]) + rows([0.85, 0.88, 0.89])  # a trial resumed from round 1 repeats rounds
-    write_experiment(root / "sweeps" / "gpfl" / "search", "search", base, [({"lam": 0.01}, resumed), ({"lam": 1.0}, rows([0.6, 0.7, 0.75]))])
-    write_experiment(root / "sweeps" / "gpfl" / "seeds", "seeds", base, [({"lam": 0.01, "seed": 1}, rows([0.8, 0.9, 0.85])), ({"lam": 0.01, "seed": 2}, rows([0.8, 0.92, 0.9]))])
+    write_experiment(
+        root / "sweeps" / "gpfl" / "search",
+        "search",
+        base,
+        [({"lam": 0.01}, resumed), ({"lam": 1.0}, rows([0.6, 0.7, 0.75]))],
+    )
+    write_experiment(
+        root / "sweeps" / "gpfl" / "seeds",
+        "seeds",
+        base,
+        [({"lam": 0.01, "seed": 1}, rows([0.8, 0.9, 0.85])), ({"lam": 0.01, "seed": 2}, rows([0.8, 0.92, 0.9]))],
+    )
     return root
 
 
@@ -65,13 +83,16 @@ def test_report_rebuilds_the_papers_table(results, tmp_path):
     per_round = pd.read_parquet(out / "rounds.parquet")
     assert len(per_round) == 3 * 7  # the resumed trial's repeated rounds counted once
     tables = pd.read_parquet(out / "tables.parquet")
-    cell = tables[(tables["table"] == "Table1") & (tables["paper"] == "GPFL") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    cell = tables[
+        (tables["table"] == "Table1") & (tables["paper"] == "GPFL") & (tables["column"] == "FMNIST pathological")
+    ].set_index("method")
     # GPFL: the seed reruns (92 and 90) stand for it, not the search trials or the worse lam=0.1 run
     assert cell.loc["GPFL", "ours_mean"] == pytest.approx(91.0) and cell.loc["GPFL", "ours_std"] == pytest.approx(1.0)
     assert cell.loc["GPFL", "seeds"] == 2 and cell.loc["GPFL", "paper_mean"] == 99.85
     assert cell.loc["GPFL", "difference"] == pytest.approx(91.0 - 99.85)
     assert cell.loc["FedPer", "ours_mean"] == pytest.approx(95.0) and cell.loc["FedPer", "seeds"] == 1
-    assert cell.loc["Ditto", "seeds"] == 0 and cell.loc["Ditto", "paper_mean"] == 99.44  # the paper's rows stay, ours blank
+    # the paper's rows stay, ours blank
+    assert cell.loc["Ditto", "seeds"] == 0 and cell.loc["Ditto", "paper_mean"] == 99.44
     assert "Digits" not in set(tables["column"].str.split().str[0])  # no paper reports digits
     md = (out / "tables.md").read_text()
     assert "### GPFL Table1" in md and "91.00 ± 1.00 (n=2, 3 r)" in md and "Ours: best test round." in md
@@ -93,7 +114,9 @@ def test_a_report_stopped_midway_leaves_the_last_one_as_it_was(results, tmp_path
     monkeypatch.setattr(tuner.report.write, "plot_sweeps", ctrl_c)  # the last step: every table is made by then
     res = CliRunner().invoke(app, ["report", str(results), "--out", str(out)])
     assert res.exit_code == 130 and "Stopped (Ctrl-C)" in res.output and "Traceback" not in res.output, res.output
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # nothing half-written, no new file, no staging folder
+    assert {
+        f.name: f.read_bytes() for f in out.iterdir()
+    } == before  # nothing half-written, no new file, no staging folder
 
 
 def test_a_sweep_still_running_is_reported_as_running_not_as_stopped_early(tmp_path):
@@ -103,10 +126,17 @@ def test_a_sweep_still_running_is_reported_as_running_not_as_stopped_early(tmp_p
     from tuner.files import LOCK_FILE
 
     sweep = tmp_path / "sweeps" / "gpfl"
-    write_experiment(sweep / "search", "search", {"method": "gpfl", **PAT, "rounds": 5}, [({"lam": 0.01}, rows([0.85, 0.88])), ({"lam": 1.0}, rows([0.6] * 5))])
+    write_experiment(
+        sweep / "search",
+        "search",
+        {"method": "gpfl", **PAT, "rounds": 5},
+        [({"lam": 0.01}, rows([0.85, 0.88])), ({"lam": 1.0}, rows([0.6] * 5))],
+    )
     (sweep / LOCK_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")  # as the sweep's own process holds it
     res = CliRunner().invoke(app, ["report", str(sweep), "--out", str(tmp_path / "r")])
-    assert res.exit_code == 0 and f"sweep {sweep} is running (process {os.getpid()}): 1 trials unfinished" in " ".join(res.output.split()), res.output
+    assert res.exit_code == 0 and f"sweep {sweep} is running (process {os.getpid()}): 1 trials unfinished" in " ".join(
+        res.output.split()
+    ), res.output
     best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
     assert best["stopped_early"] == 0 and best["running"].startswith("running")
     (sweep / LOCK_FILE).unlink()  # the sweep ended: its unfinished trial was stopped early
@@ -120,7 +150,12 @@ def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp
     shutil.rmtree(results / "sweeps" / "gpfl" / "seeds")
     CliRunner().invoke(app, ["report", str(results), "--out", str(tmp_path / "r")])
     tables = pd.read_parquet(tmp_path / "r" / "tables.parquet")
-    gpfl = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological") & (tables["method"] == "GPFL")]
+    gpfl = tables[
+        (tables["paper"] == "GPFL")
+        & (tables["table"] == "Table1")
+        & (tables["column"] == "FMNIST pathological")
+        & (tables["method"] == "GPFL")
+    ]
     assert gpfl["ours_mean"].item() == pytest.approx(89.0)  # the lam=0.01 trial beats lam=1 and lam=0.1
 
 
@@ -134,7 +169,12 @@ def test_a_round_lost_from_result_json_comes_back_from_the_trials_checkpoint(tmp
     write_experiment(experiment, "search", {"method": "fedavg", **PAT}, [({"lr": 0.05}, [reported[0], reported[2]])])
     checkpoint = experiment / "federated_trial_0" / "checkpoint_000001"
     checkpoint.mkdir()
-    write_rounds(checkpoint / ROUNDS_FILE, reported[:2], [{"round": r, "trial": "federated_trial_0", "lr": 0.05} for r in (1, 2)], ["lr"])
+    write_rounds(
+        checkpoint / ROUNDS_FILE,
+        reported[:2],
+        [{"round": r, "trial": "federated_trial_0", "lr": 0.05} for r in (1, 2)],
+        ["lr"],
+    )
     res = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     per_round = pd.read_parquet(tmp_path / "r" / "rounds.parquet")
@@ -155,10 +195,20 @@ def test_validation_selection_reports_test_accuracy_at_the_best_validation_round
 def test_a_sweep_selecting_by_validation_is_ranked_by_validation_not_by_its_test_figures(tmp_path):
     """The demo's own case: the trial with the best test figure is not the one validation chose; and of two
     trials with equal validation accuracy, the one that reached it in an earlier round."""
-    base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "backbone": "mlp", "rounds": 3, "val_frac": 0.1}
-    trials = [({"lr": 0.01}, rows([0.90, 0.97, 0.96], val=[0.80, 0.85, 0.84])),  # best test, worse validation
-              ({"lr": 0.02}, rows([0.90, 0.93, 0.94], val=[0.80, 0.90, 0.90])),  # best validation, reached at round 2
-              ({"lr": 0.03}, rows([0.90, 0.92, 0.95], val=[0.80, 0.85, 0.90]))]  # the same validation, at round 3  # fmt: skip
+    base = {
+        "method": "fedavg",
+        "dataset": "digits",
+        "partition": "iid",
+        "clients": 4,
+        "backbone": "mlp",
+        "rounds": 3,
+        "val_frac": 0.1,
+    }
+    trials = [
+        ({"lr": 0.01}, rows([0.90, 0.97, 0.96], val=[0.80, 0.85, 0.84])),  # best test, worse validation
+        ({"lr": 0.02}, rows([0.90, 0.93, 0.94], val=[0.80, 0.90, 0.90])),  # best validation, reached at round 2
+        ({"lr": 0.03}, rows([0.90, 0.92, 0.95], val=[0.80, 0.85, 0.90])),
+    ]  # the same validation, at round 3
     write_experiment(tmp_path / "sweep" / "search", "search", base, trials, select="val")
     res = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
@@ -166,7 +216,11 @@ def test_a_sweep_selecting_by_validation_is_ranked_by_validation_not_by_its_test
     assert best["config"] == "lr=0.02" and best["selected_by"] == "val"
     assert (best["val_acc"], best["val_round"], best["selected_acc"], best["best_round"]) == (0.90, 2, 0.93, 2)
     runs = pd.read_parquet(tmp_path / "r" / "runs.parquet").set_index("lr")
-    assert runs.loc[0.03, "val_round"] == 3 and runs.loc[0.03, "selected_acc"] == 0.95 and runs.loc[0.01, "val_acc"] == 0.85
+    assert (
+        runs.loc[0.03, "val_round"] == 3
+        and runs.loc[0.03, "selected_acc"] == 0.95
+        and runs.loc[0.01, "val_acc"] == 0.85
+    )
     # under the papers' rule the same trials rank by their test figures
     CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "t"), "--select", "test"])
     best = pd.read_parquet(tmp_path / "t" / "best.parquet").iloc[0]
@@ -188,21 +242,35 @@ def test_a_report_of_a_sweep_that_has_not_reported_a_round_says_it_is_running_an
     trial = sweeps / "demo" / "search" / "federated_trial_0001"
     trial.mkdir(parents=True)
     (trial / "params.json").write_text('{"lr": 0.01}')  # started: no result yet
-    with folder_lock(sweeps / "demo", "The sweep", "choose another --name"):  # held, as by the running sweep (this process)
+    # held, as by the running sweep (this process)
+    with folder_lock(sweeps / "demo", "The sweep", "choose another --name"):
         res = CliRunner().invoke(app, ["report", str(sweeps), "--out", str(tmp_path / "r")])
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "No readable runs" not in said, said
-    assert f"No run under {sweeps} has finished a round yet: {sweeps / 'demo'} is still running (process {os.getpid()}; 1 trial started)" in said
-    res = CliRunner().invoke(app, ["report", str(sweeps), "--out", str(tmp_path / "r")])  # once it has stopped: what is there
+    assert (
+        f"No run under {sweeps} has finished a round yet: {sweeps / 'demo'} is still running (process "
+        f"{os.getpid()}; 1 trial started)" in said
+    )
+    # once it has stopped: what is there
+    res = CliRunner().invoke(app, ["report", str(sweeps), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "No readable runs" in res.output
 
 
 def test_a_sweep_no_paper_reports_still_gets_its_tables_plots_and_best_configuration(tmp_path):
     base = {"method": "fedavg", "dataset": "digits", "partition": "iid", "clients": 4, "backbone": "mlp", "rounds": 3}
     sweep = tmp_path / "mine"
-    write_experiment(sweep / "search", "search", base, [({"lr": 0.01}, rows([0.5, 0.6, 0.7])), ({"lr": 0.1}, rows([0.6, 0.8, 0.75])),
-                                                        ({"lr": 0.3}, rows([0.4]))])  # fmt: skip
-    write_experiment(sweep / "seeds", "seeds", base, [({"lr": 0.1, "seed": 1}, rows([0.7, 0.8, 0.9])), ({"lr": 0.1, "seed": 2}, rows([0.6, 0.7, 0.7]))])
+    write_experiment(
+        sweep / "search",
+        "search",
+        base,
+        [({"lr": 0.01}, rows([0.5, 0.6, 0.7])), ({"lr": 0.1}, rows([0.6, 0.8, 0.75])), ({"lr": 0.3}, rows([0.4]))],
+    )
+    write_experiment(
+        sweep / "seeds",
+        "seeds",
+        base,
+        [({"lr": 0.1, "seed": 1}, rows([0.7, 0.8, 0.9])), ({"lr": 0.1, "seed": 2}, rows([0.6, 0.7, 0.7]))],
+    )
     res = CliRunner().invoke(app, ["report", str(sweep), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert "None of these runs is in a setting of the papers' tables" in " ".join(res.output.split())
@@ -221,10 +289,19 @@ def test_each_table_reports_its_own_metric(results, tmp_path):
     res = CliRunner().invoke(app, ["report", str(results), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     tables = pd.read_parquet(tmp_path / "r" / "tables.parquet")
-    fedpac = tables[(tables["paper"] == "FedPAC") & (tables["table"] == "Table1") & (tables["method"] == "FedPAC") & (tables["seeds"] > 0)].iloc[0]
-    assert fedpac["ours_mean"] == pytest.approx(85.0) and fedpac["reported"] == "final round"  # FedPAC: final test accuracy
-    fedper = tables[(tables["paper"] == "GPFL") & (tables["method"] == "FedPer") & (tables["column"] == "FMNIST pathological")].iloc[0]
-    assert fedper["ours_mean"] == pytest.approx(95.0) and fedper["reported"] == "best test round"  # GPFL: the best round
+    fedpac = tables[
+        (tables["paper"] == "FedPAC")
+        & (tables["table"] == "Table1")
+        & (tables["method"] == "FedPAC")
+        & (tables["seeds"] > 0)
+    ].iloc[0]
+    # FedPAC: final test accuracy
+    assert fedpac["ours_mean"] == pytest.approx(85.0) and fedpac["reported"] == "final round"
+    fedper = tables[
+        (tables["paper"] == "GPFL") & (tables["method"] == "FedPer") & (tables["column"] == "FMNIST pathological")
+    ].iloc[0]
+    # GPFL: the best round
+    assert fedper["ours_mean"] == pytest.approx(95.0) and fedper["reported"] == "best test round"
     runs = pd.read_parquet(tmp_path / "r" / "runs.parquet").set_index("method")
     assert (runs.loc["fedpac", "best_acc"], runs.loc["fedpac", "final_acc"]) == (0.90, 0.85)
     md = (tmp_path / "r" / "tables.md").read_text()
@@ -234,7 +311,14 @@ def test_each_table_reports_its_own_metric(results, tmp_path):
 def test_a_run_in_a_papers_setting_whose_method_the_table_lacks_is_reported_without_a_row(tmp_path):
     # Per-FedAvg on FedPAC's pac:20 setting: FedPAC's Table 1 has that column but no Per-FedAvg row.
     root = tmp_path / "runs"
-    write_run(root / "pac-per-fedavg", "per-fedavg", [0.6, 0.8, 0.85], partition="pac:20", backbone="pac_cnn", protocol="fedpac")
+    write_run(
+        root / "pac-per-fedavg",
+        "per-fedavg",
+        [0.6, 0.8, 0.85],
+        partition="pac:20",
+        backbone="pac_cnn",
+        protocol="fedpac",
+    )
     res = CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "curves-fmnist-pac20-20.png").exists()
@@ -251,12 +335,15 @@ def test_baselines_no_paper_ran_sit_beside_a_main_table_and_the_replication_name
     out = tmp_path / "report"
     assert CliRunner().invoke(app, ["report", str(root), "--out", str(out)]).exit_code == 0
     tables = pd.read_parquet(out / "tables.parquet")
-    gpfl1 = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    gpfl1 = tables[
+        (tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")
+    ].set_index("method")
     assert gpfl1.loc["LG-FedAvg", "ours_mean"] == pytest.approx(80.0) and pd.isna(gpfl1.loc["LG-FedAvg", "paper_mean"])
     assert "GPFL-noPCI" not in gpfl1.index
     replication = tables[tables["paper"] == "FedPAC-replication"]
     ours = replication[replication["seeds"] > 0]
-    assert set(ours["method"]) == {"FedPAC-replicated"} and ours["ours_mean"].iloc[0] == pytest.approx(90.0)  # final round
+    # final round
+    assert set(ours["method"]) == {"FedPAC-replicated"} and ours["ours_mean"].iloc[0] == pytest.approx(90.0)
     fedpac1 = tables[(tables["paper"] == "FedPAC") & (tables["table"] == "Table1") & (tables["seeds"] > 0)]
     assert set(fedpac1["method"]) == {"FedPAC"}
 
@@ -269,10 +356,16 @@ def test_a_table_row_stands_for_the_form_that_produced_it_and_the_default_form_s
     write_run(root / "php", "fedphp", [0.6, 0.7, 0.75])
     assert CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "report")]).exit_code == 0
     tables = pd.read_parquet(tmp_path / "report" / "tables.parquet")
-    gpfl1 = tables[(tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")].set_index("method")
+    gpfl1 = tables[
+        (tables["paper"] == "GPFL") & (tables["table"] == "Table1") & (tables["column"] == "FMNIST pathological")
+    ].set_index("method")
     assert gpfl1.loc["FedPHP", "ours_mean"] == pytest.approx(90.0) and gpfl1.loc["FedPHP", "paper_mean"] == 99.3
-    assert gpfl1.loc["FedPHP (paper's form)", "ours_mean"] == pytest.approx(75.0) and pd.isna(gpfl1.loc["FedPHP (paper's form)", "paper_mean"])
-    methods = {c["method"] for c in cells("gpfl-table1", methods=None)[0]} | {c["method"] for c in cells("fedcp-table2")[0]}
+    assert gpfl1.loc["FedPHP (paper's form)", "ours_mean"] == pytest.approx(75.0) and pd.isna(
+        gpfl1.loc["FedPHP (paper's form)", "paper_mean"]
+    )
+    methods = {c["method"] for c in cells("gpfl-table1", methods=None)[0]} | {
+        c["method"] for c in cells("fedcp-table2")[0]
+    }
     assert "fedphp-pfllib" in methods and "fedphp" not in methods  # tuner reproduce runs the form behind the numbers
     assert "pfedme-official" in methods and "pfedme" not in methods  # PFLlib of early 2023 predicted with w_i
     fedpac = {c["method"] for c in cells("fedpac-table1", methods=None)[0]}
@@ -292,15 +385,28 @@ def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed
     tables = paper_tables(summaries, load_tables())
     columns = {"dir:0.1": "FMNIST practical β=0.1", "pat:2": "FMNIST pathological", "pac:20": "FMNIST dominant_s20"}
     page = (root / "docs" / "reproduction.md").read_text()
-    rows = [line.strip("|").split("|") for line in page.splitlines() if line.startswith(("| GPFL Table1 |", "| FedPAC Table"))]
-    rows = [r for r in rows if len(r) == 7]  # the main table: paper table, setting, method, rounds, ours, paper, difference
+    rows = [
+        line.strip("|").split("|")
+        for line in page.splitlines()
+        if line.startswith(("| GPFL Table1 |", "| FedPAC Table"))
+    ]
+    # the main table: paper table, setting, method, rounds, ours, paper, difference
+    rows = [r for r in rows if len(r) == 7]
     assert len(rows) > 40
     for paper_table, partition, method, rounds, ours, *_ in (map(str.strip, r) for r in rows):
         paper, table = paper_table.split()
-        hit = tables[(tables["paper"] == paper) & (tables["table"] == table) & (tables["column"] == columns[partition])
-                     & (tables["method"] == method.strip("*"))]  # fmt: skip
+        hit = tables[
+            (tables["paper"] == paper)
+            & (tables["table"] == table)
+            & (tables["column"] == columns[partition])
+            & (tables["method"] == method.strip("*"))
+        ]
         assert len(hit) == 1, (paper_table, partition, method)
-        assert f"{hit['ours_mean'].iloc[0]:.2f}" == ours.strip("*") and hit["rounds"].iloc[0] == int(rounds), (paper_table, partition, method)
+        assert f"{hit['ours_mean'].iloc[0]:.2f}" == ours.strip("*") and hit["rounds"].iloc[0] == int(rounds), (
+            paper_table,
+            partition,
+            method,
+        )
 
 
 def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_report_prints_of_the_committed_runs():
@@ -310,21 +416,45 @@ def test_the_h100_table_on_the_reproduction_page_and_in_the_readme_is_what_the_r
 
     def fedpac_table1(folder):
         t = committed_paper_tables(folder)
-        return t[(t["paper"] == "FedPAC") & (t["table"] == "Table1") & (t["column"] == "FMNIST dominant_s20") & (t["seeds"] > 0)].set_index("method")
+        return t[
+            (t["paper"] == "FedPAC")
+            & (t["table"] == "Table1")
+            & (t["column"] == "FMNIST dominant_s20")
+            & (t["seeds"] > 0)
+        ].set_index("method")
 
     gpu, cpu = fedpac_table1("gpu/fedpac-table1-fmnist-h100"), fedpac_table1("reproduction")
-    page = (root / "docs" / "reproduction.md").read_text().split("## FedPAC Table 1 at 200 rounds, on an H100")[1].split("\n## ")[0]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    page = (
+        (root / "docs" / "reproduction.md")
+        .read_text()
+        .split("## FedPAC Table 1 at 200 rounds, on an H100")[1]
+        .split("\n## ")[0]
+    )
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in page.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ][1:]
     assert len(rows) == len(gpu) == 23
     published = lambda v: "—" if pd.isna(v) else f"{v:.2f}"  # noqa: E731  (a form the paper did not run has no number)
     for method, rounds, ours, paper, _ in rows:
-        assert (f"{gpu.loc[method, 'ours_mean']:.2f}", gpu.loc[method, "rounds"], published(gpu.loc[method, "paper_mean"])) == (ours, int(rounds), paper)
+        assert (
+            f"{gpu.loc[method, 'ours_mean']:.2f}",
+            gpu.loc[method, "rounds"],
+            published(gpu.loc[method, "paper_mean"]),
+        ) == (ours, int(rounds), paper)
     readme = (root / "README.md").read_text().split("## Results so far")[1].split("\n## ")[0]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in readme.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in readme.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ][1:]
     assert {r[0] for r in rows} >= set(gpu.index) and len(rows) == len(cpu)  # a form the H100 has not run yet: "—"
     for method, on_cpu, on_gpu, _ in rows:
         assert on_cpu == f"{cpu.loc[method, 'ours_mean']:.2f}" and cpu.loc[method, "rounds"] == 8
-        assert on_gpu == (f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})" if method in gpu.index else "—")
+        assert on_gpu == (
+            f"{gpu.loc[method, 'ours_mean']:.2f} ({gpu.loc[method, 'rounds']})" if method in gpu.index else "—"
+        )
 
 
 def committed_paper_tables(folder: str) -> pd.DataFrame:
@@ -349,38 +479,70 @@ def test_the_agreement_figures_on_the_pages_are_what_the_report_computes_of_the_
     root = Path(__file__).resolve().parents[1]
     flat = lambda path: " ".join((root / path).read_text().split())  # noqa: E731
     page, readme = flat("docs/reproduction.md"), flat("README.md")
-    lines = lambda t: {(a.table, a.column): agreement_line(a) for a in agreement(t).itertuples() if a.paper in ("FedPAC", "GPFL")}  # noqa: E731
+    lines = lambda t: {  # noqa: E731
+        (a.table, a.column): agreement_line(a) for a in agreement(t).itertuples() if a.paper in ("FedPAC", "GPFL")
+    }
     cpu, gpu = committed_paper_tables("reproduction"), committed_paper_tables("gpu/fedpac-table1-fmnist-h100")
-    quoted = [lines(cpu)["Table1", "FMNIST dominant_s20"], lines(cpu)["Table1", "FMNIST practical β=0.1"], lines(gpu)["Table1", "FMNIST dominant_s20"]]
+    quoted = [
+        lines(cpu)["Table1", "FMNIST dominant_s20"],
+        lines(cpu)["Table1", "FMNIST practical β=0.1"],
+        lines(gpu)["Table1", "FMNIST dominant_s20"],
+    ]
     finished = gpu[(gpu["paper"] == "FedPAC") & (gpu["table"] == "Table1") & (gpu["rounds"] == 200)]
     done = next(agreement(finished).itertuples())
     quoted.append(agreement_line(done))
     for line in quoted:
         assert line in page, line
-    assert (f"The {done.methods} runs that reached 200 rounds in the table's own forms agree with the paper: Spearman {done.spearman:.2f}, "
-            f"mean |Δ| {done.mean_abs_difference:.2f} points, {done.within_1} within 1 point") in readme  # fmt: skip
+    assert (
+        f"The {done.methods} runs that reached 200 rounds in the table's own forms agree with the paper: "
+        f"Spearman {done.spearman:.2f}, "
+        f"mean |Δ| {done.mean_abs_difference:.2f} points, {done.within_1} within 1 point"
+    ) in readme
 
 
 def test_agreement_per_column_is_spearman_of_the_ranks_mean_abs_difference_and_points_within_one():
     from tuner.report.tables import agreement, agreement_line
 
-    t = pd.DataFrame({"paper": "FedPAC", "table": "Table1", "column": "FMNIST dominant_s20", "method": list("abcde"),
-                      "ours_mean": [90.0, 85.0, 88.0, 70.0, 80.0], "paper_mean": [91.0, 86.5, 86.0, float("nan"), 79.0],
-                      "seeds": [1, 1, 1, 1, 0], "rounds": [200, 200, 150, 200, 0]})  # fmt: skip
+    t = pd.DataFrame(
+        {
+            "paper": "FedPAC",
+            "table": "Table1",
+            "column": "FMNIST dominant_s20",
+            "method": list("abcde"),
+            "ours_mean": [90.0, 85.0, 88.0, 70.0, 80.0],
+            "paper_mean": [91.0, 86.5, 86.0, float("nan"), 79.0],
+            "seeds": [1, 1, 1, 1, 0],
+            "rounds": [200, 200, 150, 200, 0],
+        }
+    )
     t["difference"] = t["ours_mean"] - t["paper_mean"]
     a = agreement(t).iloc[0]  # only a, b, c have both figures (d: no published number; e: not run)
     assert (a["methods"], a["within_1"], a["rounds_min"], a["rounds_max"]) == (3, 1, 150, 200)
     assert a["mean_abs_difference"] == pytest.approx((1.0 + 1.5 + 2.0) / 3)
     assert a["spearman"] == pytest.approx(0.5)  # ranks (3, 1, 2) against (3, 2, 1): 1 − 6·2 / (3·8)
-    assert agreement_line(next(agreement(t).itertuples())) == "FMNIST dominant_s20: 3 methods, Spearman 0.50, mean |Δ| 1.50, 1 within 1 point; runs of 150 to 200 rounds"
+    assert (
+        agreement_line(next(agreement(t).itertuples()))
+        == "FMNIST dominant_s20: 3 methods, Spearman 0.50, mean |Δ| 1.50, 1 within 1 point; runs of 150 to 200 rounds"
+    )
 
 
 def test_latex_tables_escape_what_latex_reads_as_commands():
     from tuner.report.tables import render
 
-    t = pd.DataFrame({"paper": "FedPAC", "table": "Table1", "column": "FMNIST dominant_s20", "method": ["Fed&Mine 50%", "FedAvg"],
-                      "ours_mean": [90.0, 85.0], "ours_std": [0.1, 0.2], "seeds": [1, 1], "rounds": [200, 200], "paper_mean": [float("nan"), 85.28],
-                      "reported": "final round"})  # fmt: skip
+    t = pd.DataFrame(
+        {
+            "paper": "FedPAC",
+            "table": "Table1",
+            "column": "FMNIST dominant_s20",
+            "method": ["Fed&Mine 50%", "FedAvg"],
+            "ours_mean": [90.0, 85.0],
+            "ours_std": [0.1, 0.2],
+            "seeds": [1, 1],
+            "rounds": [200, 200],
+            "paper_mean": [float("nan"), 85.28],
+            "reported": "final round",
+        }
+    )
     t["difference"] = t["ours_mean"] - t["paper_mean"]
     latex = render(t, "latex")
     assert r"Fed\&Mine 50\%" in latex and r"dominant\_s20" in latex and r"$\pm$" in latex
@@ -393,21 +555,34 @@ def test_a_curve_figure_of_30_methods_keeps_its_legend_off_the_axes_and_all_of_i
 
     from tuner.report.plots import curves_figure
 
-    curves = [(f"Method-{i:02d} ({90 - i:.2f})", (90 - i) / 100, np.arange(1, 21), np.linspace(10, 90 - i, 20)) for i in range(30)]
+    curves = [
+        (f"Method-{i:02d} ({90 - i:.2f})", (90 - i) / 100, np.arange(1, 21), np.linspace(10, 90 - i, 20))
+        for i in range(30)
+    ]
     fig = curves_figure(curves[::-1], "fmnist pac:20, 20 clients")
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
     legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
     assert not legend.overlaps(axes)
-    kept = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # what savefig(bbox_inches="tight") writes, in pixels
-    shown = [label for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
-             for label, at in zip(axis.get_ticklabels(), axis.get_ticklocs()) if lo <= at <= hi]  # fmt: skip
+    # what savefig(bbox_inches="tight") writes, in pixels
+    kept = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
+    shown = [
+        label
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
+        for label, at in zip(axis.get_ticklabels(), axis.get_ticklocs(), strict=True)
+        if lo <= at <= hi
+    ]
     for artist in [ax.get_legend(), ax.title, ax.xaxis.label, ax.yaxis.label, *shown]:
         box = artist.get_window_extent(renderer)
-        assert kept.x0 - 1 <= box.x0 and box.x1 <= kept.x1 + 1 and kept.y0 - 1 <= box.y0 and box.y1 <= kept.y1 + 1, artist
+        assert kept.x0 - 1 <= box.x0 and box.x1 <= kept.x1 + 1 and kept.y0 - 1 <= box.y0 and box.y1 <= kept.y1 + 1, (
+            artist
+        )
     assert all(float(t).is_integer() for t in ax.get_xticks())  # no round 2.5
-    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["Method-00 (90.00)", "Method-01 (89.00)"]  # best first
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == [
+        "Method-00 (90.00)",
+        "Method-01 (89.00)",
+    ]  # best first
 
 
 def test_a_sweep_figure_puts_a_log_searched_setting_on_a_log_axis_and_stars_the_chosen_trial():
@@ -442,16 +617,29 @@ def test_the_gpfl_comparison_with_pfllib_on_the_page_is_the_committed_curves():
     root = Path(__file__).resolve().parents[1]
     pfllib = pd.read_csv(root / "results" / "pfllib-compare" / "pfllib.csv")
     gpfl = pfllib[pfllib["method"] == "gpfl"].pivot(index="round", columns="run", values="acc") * 100
-    seeds = [pd.read_parquet(root / "results" / "pfllib-compare" / run / "metrics.parquet").set_index("round")["acc"] * 100
-             for run in ("ours-gpfl-pfllib", "ours-gpfl-pfllib-s1")]  # fmt: skip
+    seeds = [
+        pd.read_parquet(root / "results" / "pfllib-compare" / run / "metrics.parquet").set_index("round")["acc"] * 100
+        for run in ("ours-gpfl-pfllib", "ours-gpfl-pfllib-s1")
+    ]
     theirs, ours = gpfl[[3, 4, 5]].mean(axis=1), (seeds[0] + seeds[1]) / 2
     page = (root / "docs" / "reproduction.md").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in page.splitlines() if line.strip().startswith(("| PFLlib, ", "| ours, "))}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:-1]
+        for line in page.splitlines()
+        if line.strip().startswith(("| PFLlib, ", "| ours, "))
+    }
     header = next(line for line in page.splitlines() if line.strip().startswith("| round | 1 | 2 |"))
     rounds = [int(r) for r in header.split("|")[2:-1]]
-    curves = {f"PFLlib, run {r}": gpfl[r] for r in range(1, 6)} | {"PFLlib, mean of runs 3-5": theirs, "ours, seed 0": seeds[0], "ours, seed 1": seeds[1], "ours, mean": ours}
+    curves = {f"PFLlib, run {r}": gpfl[r] for r in range(1, 6)} | {
+        "PFLlib, mean of runs 3-5": theirs,
+        "ours, seed 0": seeds[0],
+        "ours, seed 1": seeds[1],
+        "ours, mean": ours,
+    }
     for label, curve in curves.items():
-        assert [c.strip() for c in rows[label]] == [f"{curve[r]:.2f}" if r in curve and pd.notna(curve[r]) else "" for r in rounds], label
+        assert [c.strip() for c in rows[label]] == [
+            f"{curve[r]:.2f}" if r in curve and pd.notna(curve[r]) else "" for r in rounds
+        ], label
     assert max(abs(ours[r] - theirs[r]) for r in range(4, 21)) <= 1.6 + 1e-9
     assert all(gpfl.loc[r].min() <= ours[r] <= gpfl.loc[r].max() for r in (1, 2, 3))
 
@@ -463,10 +651,15 @@ def test_the_reference_forms_tables_on_the_reproduction_page_are_the_committed_r
 
     root = Path(__file__).resolve().parents[1]
     page = (root / "docs" / "reproduction.md").read_text().split("## Reference forms, measured")[1].split("\n## ")[0]
-    acc = lambda name: pd.read_parquet(root / "results" / "forms" / name / "metrics.parquet").set_index("round")["acc"] * 100  # noqa: E731
+    acc = lambda name: (  # noqa: E731
+        pd.read_parquet(root / "results" / "forms" / name / "metrics.parquet").set_index("round")["acc"] * 100
+    )
     published = {"dir": "97.81", "pat": "99.85"}
     for split in ("dir", "pat"):
-        for first, second, paper in ((f"{split}-gpfl-paper", f"{split}-gpfl-pfllib", published[split]), (f"{split}-fedcp-softmax", f"{split}-fedcp-gumbel", "")):
+        for first, second, paper in (
+            (f"{split}-gpfl-paper", f"{split}-gpfl-pfllib", published[split]),
+            (f"{split}-fedcp-softmax", f"{split}-fedcp-gumbel", ""),
+        ):
             a, b = acc(first), acc(second)
             best = " | ".join(f"{c.max():.2f} ({c.idxmax()})" for c in (a, b))
             tenths = " | ".join(" / ".join(f"{c[r]:.1f}" for r in (10, 20, 30, 40, 50)) for c in (a, b))
@@ -481,29 +674,49 @@ def test_the_reference_forms_tables_on_the_reproduction_page_are_the_committed_r
 B30, GPU, BEFORE = "baselines30", "gpu/fedpac-table1-fmnist-h100", "before-34"
 THIRTY_ROUND_TABLES = {  # the reproduction page's 30-round tables: (section, {row label: what the row was read from})
     "## Baselines over 30 rounds": {
-        ("Local-only",): f"{B30}/pac-local", ("FedAvg",): f"{B30}/pac-fedavg", ("Per-FedAvg",): f"{B30}/pac-per-fedavg",
-        ("FedFomo",): f"{B30}/pac-fedfomo", ("kNN-Per",): f"{BEFORE}/pac-knn-per", ("pFedHN",): f"{BEFORE}/pac-pfedhn",
-        ("SCAFFOLD",): f"{B30}/pac-scaffold", ("FedPHP",): f"{B30}/pac-fedphp"},
+        ("Local-only",): f"{B30}/pac-local",
+        ("FedAvg",): f"{B30}/pac-fedavg",
+        ("Per-FedAvg",): f"{B30}/pac-per-fedavg",
+        ("FedFomo",): f"{B30}/pac-fedfomo",
+        ("kNN-Per",): f"{BEFORE}/pac-knn-per",
+        ("pFedHN",): f"{BEFORE}/pac-pfedhn",
+        ("SCAFFOLD",): f"{B30}/pac-scaffold",
+        ("FedPHP",): f"{B30}/pac-fedphp",
+    },
     "## The last deviations, measured": {
-        ("Local-only", ""): f"{B30}/pac-local", ("FedAvg", ""): f"{B30}/pac-fedavg",
-        ("APFL", "paper's form (H100, unchanged)"): f"{GPU}/pac-apfl", ("APFL", "`apfl-outputs`, the table's"): f"{B30}/pac-apfl-outputs",
-        ("FedAvg-FT", "before (H100)"): f"{GPU}/pac-fedavg_ft", ("FedAvg-FT", "now"): f"{B30}/pac-fedavg_ft",
-        ("pFedMe", "before (H100)"): f"{GPU}/pac-pfedme", ("pFedMe", "now"): f"{B30}/pac-pfedme",
-        ("Ditto", "before (H100)"): f"{GPU}/pac-ditto", ("Ditto", "now"): f"{B30}/pac-ditto",
-        ("kNN-Per", "before"): f"{BEFORE}/pac-knn-per", ("kNN-Per", "now"): f"{B30}/pac-knn-per",
-        ("pFedHN", "before"): f"{BEFORE}/pac-pfedhn", ("pFedHN", "now"): f"{B30}/pac-pfedhn",
-        ("FedEM-FT-M3", "before (H100)"): f"{GPU}/pac-fedem-ft-m3", ("FedEM-FT-M3", "now"): f"{B30}/pac-fedem-ft-m3"},
+        ("Local-only", ""): f"{B30}/pac-local",
+        ("FedAvg", ""): f"{B30}/pac-fedavg",
+        ("APFL", "paper's form (H100, unchanged)"): f"{GPU}/pac-apfl",
+        ("APFL", "`apfl-outputs`, the table's"): f"{B30}/pac-apfl-outputs",
+        ("FedAvg-FT", "before (H100)"): f"{GPU}/pac-fedavg_ft",
+        ("FedAvg-FT", "now"): f"{B30}/pac-fedavg_ft",
+        ("pFedMe", "before (H100)"): f"{GPU}/pac-pfedme",
+        ("pFedMe", "now"): f"{B30}/pac-pfedme",
+        ("Ditto", "before (H100)"): f"{GPU}/pac-ditto",
+        ("Ditto", "now"): f"{B30}/pac-ditto",
+        ("kNN-Per", "before"): f"{BEFORE}/pac-knn-per",
+        ("kNN-Per", "now"): f"{B30}/pac-knn-per",
+        ("pFedHN", "before"): f"{BEFORE}/pac-pfedhn",
+        ("pFedHN", "now"): f"{B30}/pac-pfedhn",
+        ("FedEM-FT-M3", "before (H100)"): f"{GPU}/pac-fedem-ft-m3",
+        ("FedEM-FT-M3", "now"): f"{B30}/pac-fedem-ft-m3",
+    },
     "## The last forms, second round": {
-        ("Local-only", "FedPAC's split"): f"{B30}/pac-local", ("FedAvg", "FedPAC's split"): f"{B30}/pac-fedavg",
-        ("pFedMe", "the paper's: θ_i predicts"): f"{B30}/pac-pfedme", ("pFedMe", "`pfedme-official`: w_i as trained predicts"): f"{B30}/pac-pfedme-official",
+        ("Local-only", "FedPAC's split"): f"{B30}/pac-local",
+        ("FedAvg", "FedPAC's split"): f"{B30}/pac-fedavg",
+        ("pFedMe", "the paper's: θ_i predicts"): f"{B30}/pac-pfedme",
+        ("pFedMe", "`pfedme-official`: w_i as trained predicts"): f"{B30}/pac-pfedme-official",
         ("kNN-Per", "the paper's: probabilities mixed, λ rule"): f"{B30}/pac-knn-per",
         ("kNN-Per", "`knn-per-logits`, the table's: λ rule (ours)"): f"{B30}/knn-per-lambda.csv:acc_rule",
         ("kNN-Per", "`knn-per-logits` with λ = 0.5 fixed"): f"{B30}/knn-per-lambda.csv:acc_lambda_0.5",
         ("FedEM-FT-M3", "before: π_i mixes the tuned components"): f"{B30}/pac-fedem-ft-m3",
         ("FedEM-FT-M3", "now: uniform 1/M, the authors' tuned ensemble"): f"{B30}/pac-fedem-ft-m3-uniform",
-        ("Local-only", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/local", ("FedAvg", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/fedavg",
-        ("FedPHP-PFLlib", "before: μ(R+1)/T"): f"{B30}/digits-dir0.1/fedphp-pfllib-before", ("FedPHP-PFLlib", "now: μR/T, R the rounds done"): f"{B30}/digits-dir0.1/fedphp-pfllib"},
-}  # fmt: skip
+        ("Local-only", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/local",
+        ("FedAvg", "digits `dir:0.1`, 10 clients"): f"{B30}/digits-dir0.1/fedavg",
+        ("FedPHP-PFLlib", "before: μ(R+1)/T"): f"{B30}/digits-dir0.1/fedphp-pfllib-before",
+        ("FedPHP-PFLlib", "now: μR/T, R the rounds done"): f"{B30}/digits-dir0.1/fedphp-pfllib",
+    },
+}
 
 
 @pytest.mark.parametrize("section", THIRTY_ROUND_TABLES)
@@ -514,8 +727,14 @@ def test_the_30_round_tables_on_the_reproduction_page_are_the_committed_runs(sec
 
     root = Path(__file__).resolve().parents[1]
     text = (root / "docs" / "reproduction.md").read_text().split(section)[1].split("\n## ")[0]
-    tables = [[[c.strip() for c in line.strip().strip("|").split("|")] for line in block.splitlines() if not re.fullmatch(r"\|[\s:|-]+\|", line.strip())]
-              for block in re.findall(r"(?:^\|.*\n)+", text, flags=re.M)]  # fmt: skip
+    tables = [
+        [
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in block.splitlines()
+            if not re.fullmatch(r"\|[\s:|-]+\|", line.strip())
+        ]
+        for block in re.findall(r"(?:^\|.*\n)+", text, flags=re.M)
+    ]
     header, *rows = next(t for t in tables if "r1" in t[0])  # the section's table of rounds
     rounds = [int(h[1:]) for h in header if re.fullmatch(r"r\d+", h)]
     first = header.index(f"r{rounds[0]}")

@@ -6,25 +6,31 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import yaml
 import torch.nn.functional as F
+import yaml
+from simulations import batch, client, sim_for
 from torch.func import grad
 
 from algorithms import METHODS, ROSTER
-from simulations import batch, client, sim_for
 
 
 def test_fedntd_distills_the_received_models_not_true_classes_only():
     sim = sim_for("fedntd", 1, dtype="float64", hparams={"tau": 3.0})  # τ ≠ 1: the τ² of both references shows
     m, state = sim.method, client(sim, 0)
     x, y = batch(sim, 0)
-    state = {**state, **{k: v + 0.1 * torch.randn_like(v) for k, v in state.items() if k in sim.server}}  # local ≠ global
+    state = {
+        **state,
+        **{k: v + 0.1 * torch.randn_like(v) for k, v in state.items() if k in sim.server},
+    }  # local ≠ global
     local, received = m.net.logits(state, x), m.net.logits({**state, **sim.server}, x)
-    others = torch.stack([torch.cat([row[:c], row[c + 1 :]]) for row, c in zip(torch.arange(10).repeat(len(y), 1), y)])
+    others = torch.stack(
+        [torch.cat([row[:c], row[c + 1 :]]) for row, c in zip(torch.arange(10).repeat(len(y), 1), y, strict=True)]
+    )
     gather = lambda z: torch.gather(z, 1, others)  # noqa: E731  the authors' refine_as_not_true
     tau, beta = m.hp.tau, m.hp.beta
     kl = F.kl_div(F.log_softmax(gather(local) / tau, 1), F.softmax(gather(received) / tau, 1), reduction="batchmean")
-    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * tau**2 * kl)  # criterion.py's (τ ** 2) * KLDiv
+    # criterion.py's (τ ** 2) * KLDiv
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * tau**2 * kl)
     assert kl > 1e-4
     # the label's own logit is left to the cross-entropy: the distillation gives it no gradient
     from algorithms.fedntd import not_true_kl
@@ -48,7 +54,8 @@ def test_a_frozen_models_forward_leaves_the_clients_batch_norm_statistics_to_its
         torch.testing.assert_close(step[k], alone[k])
     if method == "fedntd":
         m.net.module.eval()
-        torch.testing.assert_close(m.net.predict({**state, **sim.server}, x), m.net.logits({**state, **sim.server}, x))  # eval mode: running statistics
+        # eval mode: running statistics
+        torch.testing.assert_close(m.net.predict({**state, **sim.server}, x), m.net.logits({**state, **sim.server}, x))
 
 
 def test_feddyn_corrects_each_client_by_its_last_gradient_and_the_server_by_h():
@@ -80,12 +87,18 @@ def test_moon_contrasts_with_the_global_and_the_previous_local_model():
     assert all(torch.equal(sim.clients["moon.prev." + k][0], initial[k]) for k in keys)  # at first: the initial model
     sim.step()
     state, x, y = client(sim, 0), *batch(sim, 0)
-    assert not torch.allclose(state["moon.prev." + keys[0]], sim.server[keys[0]])  # the model it trained, not the global one
+    # the model it trained, not the global one
+    assert not torch.allclose(state["moon.prev." + keys[0]], sim.server[keys[0]])
     state = {**state, **{k: state[k] + 0.05 * torch.randn_like(state[k]) for k in keys}}
-    z, zg, zp = (m.net.features(s, x) for s in (state, {**state, **sim.server}, {**state, **{k: state["moon.prev." + k] for k in keys}}))
+    z, zg, zp = (
+        m.net.features(s, x)
+        for s in (state, {**state, **sim.server}, {**state, **{k: state["moon.prev." + k] for k in keys}})
+    )
     sg, sp = F.cosine_similarity(z, zg) / m.hp.tau, F.cosine_similarity(z, zp) / m.hp.tau
     contrastive = -torch.log(sg.exp() / (sg.exp() + sp.exp())).mean()
-    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(m.net.head(state, z), y) + m.hp.mu * contrastive)
+    torch.testing.assert_close(
+        m.loss(state, sim.server, x, y), F.cross_entropy(m.net.head(state, z), y) + m.hp.mu * contrastive
+    )
 
 
 def test_fedbn_keeps_every_batch_norm_layer_local_and_shares_the_rest():
@@ -119,7 +132,9 @@ def test_fml_teaches_each_model_by_the_other_and_predicts_with_the_local_one():
     def own(prefix, other, a):  # eq. 1 / eq. 2 with the other model's prediction as a constant target
         def f(p):
             z = m.net.logits({**state, **p}, x, prefix)
-            return a * F.cross_entropy(z, y) + (1 - a) * F.kl_div(F.log_softmax(z, -1), F.softmax(other, -1), reduction="batchmean")
+            return a * F.cross_entropy(z, y) + (1 - a) * F.kl_div(
+                F.log_softmax(z, -1), F.softmax(other, -1), reduction="batchmean"
+            )
 
         return grad(f)({prefix + k: state[prefix + k] for k in keys})
 
@@ -152,7 +167,9 @@ def test_fedlc_pfllib_calibrates_every_client_by_the_federations_label_counts():
         torch.testing.assert_close(sim.clients["lc.counts"][i], federation)
     state, (x, y) = client(sim, 0), batch(sim, 0)
     logits = m.net.logits(state, x)
-    torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(logits - m.hp.tau * federation**-0.25, y))
+    torch.testing.assert_close(
+        m.loss(state, sim.server, x, y), F.cross_entropy(logits - m.hp.tau * federation**-0.25, y)
+    )
 
 
 def test_fd_distills_toward_the_cohorts_class_average_logits():
@@ -172,7 +189,8 @@ def test_fd_distills_toward_the_cohorts_class_average_logits():
     torch.testing.assert_close(sim.server["fd.global"], expected / holders[:, None])
     state, (x, y) = client(sim, 0), batch(sim, 0)
     out = m.net.logits(state, x)
-    soft = F.cross_entropy(out, F.softmax(sim.server["fd.global"][y], -1))  # the global logits' softmax as the soft target
+    # the global logits' softmax as the soft target
+    soft = F.cross_entropy(out, F.softmax(sim.server["fd.global"][y], -1))
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(out, y) + m.hp.lam * soft)
     assert soft.abs() > 1e-3
     m.hp = type(m.hp)(lam=m.hp.lam, target="logits")  # PFLlib's: the raw logits, as its CrossEntropyLoss takes them
@@ -230,9 +248,11 @@ def test_fedgh_trains_the_servers_head_on_the_clients_prototypes():
     for k in head_keys:
         torch.testing.assert_close(sim.server[k], head[k].detach())
         assert not torch.allclose(sim.server[k], before[k])
-        assert all(torch.equal(v, sim.server[k]) for v in sim.clients[k])  # every client predicts with the server's head
+        # every client predicts with the server's head
+        assert all(torch.equal(v, sim.server[k]) for v in sim.clients[k])
     body = m.net.keys(("body.",))[0]
-    assert body not in sim.server and not torch.allclose(sim.clients[body][0], sim.clients[body][1])  # bodies stay personal
+    # bodies stay personal
+    assert body not in sim.server and not torch.allclose(sim.clients[body][0], sim.clients[body][1])
     assert set(m.upload(client(sim, 0), sim.server)) == {"gh.sum", "gh.count"}  # no weights uploaded
 
 
@@ -243,7 +263,8 @@ def test_fedcac_mixes_each_clients_critical_parameters_from_its_collaborators_on
     sim.step()
     # the broadcast mixes the trained models away: the same round again, its broadcast left out, keeps them
     again = sim_for("fedcac", 0, join_ratio="1", dtype="float64", partition="pat:2", hparams={"beta": 3})
-    again.method.broadcast = lambda client, server, at: client  # keep the trained models where the broadcast would mix them
+    # keep the trained models where the broadcast would mix them
+    again.method.broadcast = lambda client, server, at: client
     again.step()
     trained = {k: again.clients[k].clone() for k in keys}
     masks = []
@@ -283,7 +304,8 @@ def test_fedcac_pfllib_sends_each_clients_critical_parameters_back_to_the_initia
     fling.step()
     for k in keys:
         mask = pfllib.clients["cac.mask." + k]
-        torch.testing.assert_close(pfllib.clients["cac.mask." + k], fling.clients["cac.mask." + k])  # the same training, the same masks
+        # the same training, the same masks
+        torch.testing.assert_close(pfllib.clients["cac.mask." + k], fling.clients["cac.mask." + k])
         torch.testing.assert_close(pfllib.clients[k], mask * initial[k] + (1 - mask) * pfllib.server[k])
         assert not torch.allclose(pfllib.clients[k], fling.clients[k])
     pfllib.step()
@@ -309,9 +331,12 @@ def test_fedpcl_contrasts_features_with_global_and_every_clients_prototypes():
     state, (x, y) = client(sim, 0), batch(sim, 0)
     z = F.normalize(m.net.features(state, x), dim=1)
     tau = m.hp.tau
-    expected = F.cross_entropy(z @ glob.T / tau, y) + sum(F.cross_entropy(z @ padded[j].T / tau, y) for j in range(6)) / 6
+    expected = (
+        F.cross_entropy(z @ glob.T / tau, y) + sum(F.cross_entropy(z @ padded[j].T / tau, y) for j in range(6)) / 6
+    )
     torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
-    assert m.logits(state, sim.server, x).argmax(1).tolist() == (z @ padded[0].T).argmax(1).tolist()  # its own prototypes predict
+    # its own prototypes predict
+    assert m.logits(state, sim.server, x).argmax(1).tolist() == (z @ padded[0].T).argmax(1).tolist()
     (phase,) = m.phases()
     assert phase.clip == 10.0 and phase.trains == ("body.",)
 
@@ -332,7 +357,8 @@ def test_a_phase_clips_each_clients_gradient_as_clip_grad_norm():
     from dataclasses import replace
 
     tight, _ = sim.executor._step_loss(replace(phase, clip=float(raw) / 4))(params, rest, sim.server, x, y)
-    assert torch.sqrt(sum((v**2).sum() for v in tight.values())) == pytest.approx(float(raw) / 4, rel=1e-6)  # a norm over the limit is cut to it
+    # a norm over the limit is cut to it
+    assert torch.sqrt(sum((v**2).sum() for v in tight.values())) == pytest.approx(float(raw) / 4, rel=1e-6)
 
 
 def test_fedmtl_ties_each_model_to_the_others_through_the_relationship_regularizer():
@@ -348,7 +374,9 @@ def test_fedmtl_ties_each_model_to_the_others_through_the_relationship_regulariz
     ce = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, x), y))(params)
     omega = 1 - 1 / 6
     for k in keys:  # λ ∂(‖w_i‖² + ω²‖w_i + S_i‖²)
-        torch.testing.assert_close(g[k], ce[k] + 0.01 * (2 * state[k] + 2 * omega**2 * (state[k] + state["mtl.others." + k])))
+        torch.testing.assert_close(
+            g[k], ce[k] + 0.01 * (2 * state[k] + 2 * omega**2 * (state[k] + state["mtl.others." + k]))
+        )
     size = sum(v.numel() for v in m.net.initial_state().values())
     assert m.pfllib_scale == 10.0 ** -(len(str(size)) + 1)  # PFLlib's default weight, 10^-(digits of D + 1)
 
@@ -371,7 +399,10 @@ def test_fedgen_trains_the_generator_on_the_uploaded_heads_and_distils_it_into_t
     # the server: Adam (torch's, bias-corrected) on CE of the weighted ensemble of the uploaded heads, then FedAvg
     seen = []
     aggregate = m.aggregate
-    m.aggregate = lambda server, up, at: (seen.append({k: v.clone() for k, v in up.items()}), aggregate(server, up, at))[1]
+    m.aggregate = lambda server, up, at: (
+        seen.append({k: v.clone() for k, v in up.items()}),
+        aggregate(server, up, at),
+    )[1]
     sim.step()
     uploads = [{k: v[i] for k, v in seen[0].items()} for i in range(6)]
     n = torch.tensor(sim.data.train.counts, dtype=torch.float64)
@@ -379,21 +410,24 @@ def test_fedgen_trains_the_generator_on_the_uploaded_heads_and_distils_it_into_t
     gen = {k: v.clone().requires_grad_(True) for k, v in gen0.items()}
     adam = torch.optim.Adam(gen.values(), lr=m.hp.generator_lr)
     for t in range(4):
-        zt, lt = m.generate(gen, torch.tensor((1 * 10_007 + t) % 2**32), m.training.batch_size)  # seed 0, round 1, step t
+        # seed 0, round 1, step t
+        zt, lt = m.generate(gen, torch.tensor((1 * 10_007 + t) % 2**32), m.training.batch_size)
         logits = sum(w[i] * m.net.head({k: uploads[i][k] for k in keys if k.startswith("head.")}, zt) for i in range(6))
         adam.zero_grad()
         F.cross_entropy(logits, lt).backward()
         adam.step()
     for k in gen:
         torch.testing.assert_close(sim.server[k], gen[k].detach())
-    assert not torch.allclose(sim.server["gen.fc.weight"], gen0["gen.fc.weight"])  # (fc1's bias has no gradient: batch norm follows it)
+    # (fc1's bias has no gradient: batch norm follows it)
+    assert not torch.allclose(sim.server["gen.fc.weight"], gen0["gen.fc.weight"])
     for k in keys:
         torch.testing.assert_close(sim.server[k], sum(w[i] * uploads[i][k] for i in range(6)))
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_feddbe_carries_the_running_mean_of_features_from_step_to_step(executor):
-    # lr 1e-200: the model stays where it is (float64 cannot hold such a step), so each step's batch mean is known from the batch schedule
+    # lr 1e-200: the model stays where it is (float64 cannot hold such a step), so each step's batch mean is known from
+    # the batch schedule
     from tuner.draws import batch_schedule
 
     sim = sim_for("feddbe", 0, join_ratio="1", dtype="float64", lr=1e-200, executor=executor, hparams={"rho": 0.3})
@@ -409,7 +443,7 @@ def test_feddbe_carries_the_running_mean_of_features_from_step_to_step(executor)
             running = (1 - rho) * running + rho * f[rows].mean(0)
         torch.testing.assert_close(sim.clients["dbe.running"][i], running)
         runnings.append(running)
-    global_mean = sum(w * r for w, r in zip(n / n.sum(), runnings))
+    global_mean = sum(w * r for w, r in zip(n / n.sum(), runnings, strict=True))
     torch.testing.assert_close(sim.server["dbe.global_mean"], global_mean)  # m_g: round 1's running means, weighted
     assert sim.server["dbe.ready"] == 1
 
@@ -421,14 +455,18 @@ def test_feddbe_adds_its_bias_and_pulls_the_running_mean_to_the_global_one():
     before = state["dbe.running"].clone()
     f = m.net.features(state, x)
     running = 0.5 * before + 0.5 * f.mean(0)
-    expected = F.cross_entropy(m.net.head(state, f + state["dbe.bias"]), y) + 50.0 * (0.5 * (running - sim.server["dbe.global_mean"]) ** 2).mean()
+    expected = (
+        F.cross_entropy(m.net.head(state, f + state["dbe.bias"]), y)
+        + 50.0 * (0.5 * (running - sim.server["dbe.global_mean"]) ** 2).mean()
+    )
     torch.testing.assert_close(m.loss(state, sim.server, x, y), expected)
     torch.testing.assert_close(state["dbe.running"], running)  # the step's forward wrote it
     torch.testing.assert_close(m.logits(state, sim.server, x), m.net.head(state, f + state["dbe.bias"]))
 
 
 def _pfllib_decomposition(w, energy):
-    """PFLlib's decomposition (clientkd.py), restated in numpy: the weight as it arrives after np.linalg.svd and the cut."""
+    """PFLlib's decomposition (clientkd.py), restated in numpy: the weight as it arrives after np.linalg.svd
+    and the cut."""
     import numpy as np
 
     w = w.numpy()
@@ -454,21 +492,33 @@ def test_fedkd_cuts_each_weight_to_the_singular_values_holding_its_energy_as_pfl
     from algorithms.fedkd import truncated
 
     gen = torch.Generator().manual_seed(0)
-    low = torch.randn(40, 3, generator=gen, dtype=torch.float64) @ torch.randn(3, 30, generator=gen, dtype=torch.float64)
-    cases = [torch.randn(40, 30, generator=gen, dtype=torch.float64), low + 0.01 * torch.randn(40, 30, generator=gen, dtype=torch.float64),
-             torch.randn(8, 4, 5, 5, generator=gen, dtype=torch.float64), torch.randn(30, generator=gen, dtype=torch.float64),
-             torch.randn(1, 30, generator=gen, dtype=torch.float64), torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64))]
+    low = torch.randn(40, 3, generator=gen, dtype=torch.float64) @ torch.randn(
+        3, 30, generator=gen, dtype=torch.float64
+    )
+    cases = [
+        torch.randn(40, 30, generator=gen, dtype=torch.float64),
+        low + 0.01 * torch.randn(40, 30, generator=gen, dtype=torch.float64),
+        torch.randn(8, 4, 5, 5, generator=gen, dtype=torch.float64),
+        torch.randn(30, generator=gen, dtype=torch.float64),
+        torch.randn(1, 30, generator=gen, dtype=torch.float64),
+        torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64)),
+    ]
     for w in cases:
         for energy in (0.5, 0.95, 0.98):
             torch.testing.assert_close(truncated(w, energy), torch.from_numpy(_pfllib_decomposition(w, energy)))
-    assert torch.linalg.matrix_rank(truncated(cases[1], 0.95)) == 3  # a rank-3 matrix with noise: three values hold 95 %
-    assert not truncated(cases[5], 0.98).any()  # equal values: the share is passed only by the last, and nothing is kept (as PFLlib)
+    # a rank-3 matrix with noise: three values hold 95 %
+    assert torch.linalg.matrix_rank(truncated(cases[1], 0.95)) == 3
+    # equal values: the share is passed only by the last, and nothing is kept (as PFLlib)
+    assert not truncated(cases[5], 0.98).any()
 
 
 def test_fedkd_distils_teacher_and_student_into_each_other_and_uploads_the_cut_student():
     sim = sim_for("fedkd", 1, join_ratio="1", dtype="float64")
     m, state, (x, y) = sim.method, client(sim, 0), batch(sim, 0)
-    state = {**state, **{k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.startswith(("body.", "head."))}}
+    state = {
+        **state,
+        **{k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.startswith(("body.", "head."))},
+    }
     f_t, f_s = m.net.features(state, x), m.net.features(state, x, "global.body.")
     z_t, z_s = m.net.head(state, f_t), m.net.head(state, f_s, "global.head.")
     ce_t, ce_s = F.cross_entropy(z_t, y), F.cross_entropy(z_s, y)
@@ -477,7 +527,8 @@ def test_fedkd_distils_teacher_and_student_into_each_other_and_uploads_the_cut_s
     w_h = lambda f: f @ state["kd.W"].T  # noqa: E731
     teacher = ce_t + kl(F.log_softmax(z_t, 1), F.softmax(z_s, 1)) / (ce_t + ce_s) + mse(f_t, w_h(f_s)) / (ce_t + ce_s)
     student = ce_s + kl(F.log_softmax(z_s, 1), F.softmax(z_t, 1)) / (ce_t + ce_s) + mse(f_t, w_h(f_s)) / (ce_t + ce_s)
-    torch.testing.assert_close(m.loss(state, sim.server, x, y), teacher + student)  # both backward passes reach every model
+    # both backward passes reach every model
+    torch.testing.assert_close(m.loss(state, sim.server, x, y), teacher + student)
     (phase,) = m.phases()
     assert phase.clip == 10.0 and phase.clip_groups == (("body.", "head."), ("global.",), ("kd.W",))
     energy = sim.server["kd.energy"]
@@ -497,7 +548,10 @@ def test_fedgc_corrects_the_heads_of_clients_without_a_class_away_from_its_embed
     m = sim.method
     seen = []
     aggregate = m.aggregate
-    m.aggregate = lambda server, up, at: (seen.append({k: v.clone() for k, v in up.items()}), aggregate(server, up, at))[1]
+    m.aggregate = lambda server, up, at: (
+        seen.append({k: v.clone() for k, v in up.items()}),
+        aggregate(server, up, at),
+    )[1]
     sim.step()
     up = seen[0]
     holds = up["gc.holds"]
@@ -506,7 +560,11 @@ def test_fedgc_corrects_the_heads_of_clients_without_a_class_away_from_its_embed
         assert holds[i].nonzero().flatten().tolist() == y.unique().tolist()
     # PFLlib's reg_train, restated with its loops and exponentials
     heads = up["gc.head"].clone().requires_grad_(True)
-    centres = {c: torch.stack([up["gc.head"][i, c] for i in range(6) if holds[i, c]]).mean(0) for c in range(10) if holds[:, c].any()}
+    centres = {
+        c: torch.stack([up["gc.head"][i, c] for i in range(6) if holds[i, c]]).mean(0)
+        for c in range(10)
+        if holds[:, c].any()
+    }
     reg = 0
     for i in range(6):
         for c in holds[i].nonzero().flatten().tolist():
@@ -548,7 +606,9 @@ def odd_backbone(input_shape, num_classes):
 
     from tuner.models import Backbone
 
-    return Backbone(nn.Sequential(nn.Flatten(), nn.Linear(64, 16)), nn.Sequential(nn.Linear(16, num_classes, bias=False)), 16)
+    return Backbone(
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 16)), nn.Sequential(nn.Linear(16, num_classes, bias=False)), 16
+    )
 
 
 @pytest.mark.parametrize("backbone", ["mlp", "tiny_batchnorm", "odd"])  # even, with batch-norm statistics, odd
@@ -563,7 +623,10 @@ def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar
     statistics = {k: v[0].clone() for k, v in sim.clients.items() if k in m.net.buffer_keys}  # the initial model's
     seen = []
     aggregate = m.aggregate
-    m.aggregate = lambda server, up, at: (seen.append(({k: v.clone() for k, v in up.items()}, m.positions(at))), aggregate(server, up, at))[1]
+    m.aggregate = lambda server, up, at: (
+        seen.append(({k: v.clone() for k, v in up.items()}, m.positions(at))),
+        aggregate(server, up, at),
+    )[1]
     sim.step()
     at = sim.at(2, list(range(6)))
     slots = m.positions(at)
@@ -578,11 +641,14 @@ def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar
     for i in range(6):  # each client's model is the middleware it trained
         for k in keys:
             torch.testing.assert_close(sim.clients[k][i], up[k][i])
-    trained = [{**statistics} for _ in range(6)]  # a middleware keeps the initial statistics: PFLlib's clients copy parameters only
+    # a middleware keeps the initial statistics: PFLlib's clients copy parameters only
+    trained = [{**statistics} for _ in range(6)]
     for i in range(6):
         for k in keys:
             trained[slots[i]][k] = up[k][i]
-    sim_tab = [[pfllib_similarity(trained[a], trained[b], entries) if a != b else 0.0 for b in range(6)] for a in range(6)]
+    sim_tab = [
+        [pfllib_similarity(trained[a], trained[b], entries) if a != b else 0.0 for b in range(6)] for a in range(6)
+    ]
     for j in range(6):
         others = [p for p in range(6) if p != j]
         least = min(others, key=lambda p: sim_tab[j][p])
@@ -617,7 +683,8 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
     assert ((learned == 0) | (learned == 1)).any() and ((learned > 0) & (learned < 1)).any()  # clipped, and learned
     state, (x, _) = client(sim, 0), batch(sim, 0)
     mixed = {k: state[k] + (state["ala.g." + k] - state[k]) * state["ala.w." + k] for k in higher}
-    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **mixed}, x))  # predicts with the aggregate
+    # predicts with the aggregate
+    torch.testing.assert_close(m.logits(state, sim.server, x), m.net.logits({**state, **mixed}, x))
     started = m.begin_local(state, sim.server, {}, None)
     for k in higher:  # and trains from it
         torch.testing.assert_close(started[k], mixed[k])
@@ -629,7 +696,7 @@ def test_fedala_writes_the_blend_into_every_clients_model_whether_it_trains_or_n
     from tuner.draws import sample_cohort
 
     sim = sim_for("fedala", 1, join_ratio="0.5", dtype="float64")
-    m, higher = sim.method, sim.method.higher
+    higher = sim.method.higher
     idle = next(i for i in range(6) if i not in sample_cohort(0, 2, 6, (0.5, 0.5)))
     before = client(sim, idle)  # after round 1's broadcast and adaptation
     blend = {k: before[k] + (before["ala.g." + k] - before[k]) * before["ala.w." + k] for k in higher}
@@ -643,12 +710,21 @@ def test_sgd_with_group_learning_rates_is_torchs_sgd_with_parameter_groups():
     from algorithms.optimizers import SGD
 
     torch.manual_seed(0)
-    start = {"core.w": torch.randn(3, 4, dtype=torch.float64), "core.b": torch.randn(4, dtype=torch.float64), "p": torch.randn(5, dtype=torch.float64)}
+    start = {
+        "core.w": torch.randn(3, 4, dtype=torch.float64),
+        "core.b": torch.randn(4, dtype=torch.float64),
+        "p": torch.randn(5, dtype=torch.float64),
+    }
     ours = {k: v.clone() for k, v in start.items()}
     opt = SGD(0.1, 0.9, 0.01, (("p", 0.003),))
     state = opt.init(ours)
     theirs = {k: v.clone().requires_grad_(True) for k, v in start.items()}
-    reference = torch.optim.SGD([{"params": [theirs["core.w"], theirs["core.b"]]}, {"params": [theirs["p"]], "lr": 0.003}], lr=0.1, momentum=0.9, weight_decay=0.01)
+    reference = torch.optim.SGD(
+        [{"params": [theirs["core.w"], theirs["core.b"]]}, {"params": [theirs["p"]], "lr": 0.003}],
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=0.01,
+    )
     for step in range(3):
         grads = {k: torch.sin(v.detach() * (step + 1)) for k, v in theirs.items()}
         opt.step(ours, {k: torch.sin(ours[k] * (step + 1)) for k in ours}, state)
@@ -665,12 +741,18 @@ def test_feddbe_steps_its_bias_by_plain_sgd_beside_the_models_momentum_and_weigh
     sim = sim_for("feddbe", 0, dtype="float64", momentum=0.9, weight_decay=0.01)
     opt = sim.method.phases()[0].optimizer
     torch.manual_seed(0)
-    start = {"body.w": torch.randn(3, 4, dtype=torch.float64), "head.b": torch.randn(4, dtype=torch.float64), "dbe.bias": torch.randn(5, dtype=torch.float64)}
+    start = {
+        "body.w": torch.randn(3, 4, dtype=torch.float64),
+        "head.b": torch.randn(4, dtype=torch.float64),
+        "dbe.bias": torch.randn(5, dtype=torch.float64),
+    }
     ours = {k: v.clone() for k, v in start.items()}
     state = opt.init(ours)
     assert set(state) == {"body.w", "head.b"}  # no momentum buffer for the bias
     theirs = {k: v.clone().requires_grad_(True) for k, v in start.items()}
-    model = torch.optim.SGD([theirs["body.w"], theirs["head.b"]], lr=sim.method.training.lr, momentum=0.9, weight_decay=0.01)
+    model = torch.optim.SGD(
+        [theirs["body.w"], theirs["head.b"]], lr=sim.method.training.lr, momentum=0.9, weight_decay=0.01
+    )
     bias = torch.optim.SGD([theirs["dbe.bias"]], lr=sim.method.training.lr)
     for step in range(3):
         opt.step(ours, {k: torch.sin(ours[k] * (step + 1)) for k in ours}, state)
@@ -691,10 +773,14 @@ def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_rec
     assert (sim.clients["apple.weights"] - p0).abs().max() > 1e-4  # p_i learned in round 1
     for k in keys:  # each trained core is stored in its client's slot and comes back to it
         torch.testing.assert_close(sim.server["apple.cores." + k], sim.clients[k], rtol=0, atol=0)
-    assert not torch.allclose(sim.server["apple.cores." + keys[0]][0], sim.server["apple.cores." + keys[0]][1], atol=1e-3)
+    assert not torch.allclose(
+        sim.server["apple.cores." + keys[0]][0], sim.server["apple.cores." + keys[0]][1], atol=1e-3
+    )
     # λ(r), as the authors' get_reg_coef: L = ⌊30 · 0.1⌋ = 3
     mu = float(m.hp.mu)
-    assert [float(m.pull(r)) for r in (1, 2, 3, 4)] == pytest.approx([mu, mu * 0.001 ** (1 / 3), mu * 0.001 ** (2 / 3), 0.0])
+    assert [float(m.pull(r)) for r in (1, 2, 3, 4)] == pytest.approx(
+        [mu, mu * 0.001 ** (1 / 3), mu * 0.001 ** (2 / 3), 0.0]
+    )
     state, (x, y) = client(sim, 2), batch(sim, 2)
     assert float(state["apple.reg"]) == pytest.approx(mu * 0.001 ** (1 / 3))  # round 2's pull
     state = {**state, "apple.weights": state["apple.weights"] + 0.01 * torch.arange(n, dtype=torch.float64)}  # p ≠ p_0
@@ -708,23 +794,34 @@ def test_apple_trains_its_own_core_and_its_relationship_vector_against_every_rec
     ce = grad(lambda w: F.cross_entropy(m.net.logits({**state, **w}, x), y))(w)
     for k in keys:  # ∂/∂c_2 = p_22 ∂CE/∂w: the other cores are not trained
         torch.testing.assert_close(g[k], p[2] * ce[k])
-    expected = torch.stack([sum((ce[k] * cores[k][j]).sum() for k in keys) for j in range(n)]) + 2 * state["apple.reg"] * (p - p0)
+    expected = torch.stack([sum((ce[k] * cores[k][j]).sum() for k in keys) for j in range(n)]) + 2 * state[
+        "apple.reg"
+    ] * (p - p0)
     torch.testing.assert_close(g["apple.weights"], expected)
     before = {k: sim.server["apple.cores." + k].clone() for k in keys}
     sim.step()
     after = client(sim, 2)
-    for k in keys:  # it predicts with w_2 as training left it: the others' cores as received, not as the server now holds them
+    # it predicts with w_2 as training left it: the others' cores as received, not as the server now holds them
+    for k in keys:
         received = before[k].clone()
         received[2] = sim.server["apple.cores." + k][2]
         torch.testing.assert_close(after["apple.mix." + k], torch.tensordot(after["apple.weights"], received, dims=1))
-    torch.testing.assert_close(m.logits(after, sim.server, x), m.net.logits({**after, **{k: after["apple.mix." + k] for k in keys}}, x))
+    torch.testing.assert_close(
+        m.logits(after, sim.server, x), m.net.logits({**after, **{k: after["apple.mix." + k] for k in keys}}, x)
+    )
 
 
 def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_fisher_information():
     sim = sim_for("fedas", 1, join_ratio="0.5", dtype="float64", partition="dir:0.3")
     m, keys, body = sim.method, sim.method.net.param_keys, sim.method.net.keys(("body.",))
     align, train = m.phases()
-    assert align.trains == ("body.",) and align.batch == 16 and align.epochs == 1 and float(align.optimizer.lr) == 0.01 and align.loss == m.alignment_loss
+    assert (
+        align.trains == ("body.",)
+        and align.batch == 16
+        and align.epochs == 1
+        and float(align.optimizer.lr) == 0.01
+        and align.loss == m.alignment_loss
+    )
     # receiving: prototypes of the client's own body, then the server's body in its place
     i = 2  # 266 samples: statistics calls 250 wide, and a partial batch to drop
     state = client(sim, i)
@@ -743,19 +840,31 @@ def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_
     aligned = {**state, **took, **{k: sim.server[k] + 0.05 for k in body}}
     x, y = batch(sim, i, 16)
     f = m.net.features(aligned, x)
-    expected = sum(F.mse_loss(f[y == c], took["as.protos"][c].expand(int((y == c).sum()), -1)) for c in y.unique().tolist())
+    expected = sum(
+        F.mse_loss(f[y == c], took["as.protos"][c].expand(int((y == c).sum()), -1)) for c in y.unique().tolist()
+    )
     torch.testing.assert_close(m.alignment_loss(aligned, sim.server, x, y), expected)
     assert expected > 1e-6
-    # the Fisher trace: Σ over the client's consecutive whole batches of the run's size of ‖∇CE‖², the last partial batch dropped
+    # the Fisher trace: Σ over the client's consecutive whole batches of the run's size of ‖∇CE‖², the last partial
+    # batch dropped
     b, n = m.training.batch_size, len(y_all)
     params = {k: state[k] for k in keys}
     trace = 0.0
     for start in range(0, n - b + 1, b):
         xb, yb = sim.data.decode(x_all[start : start + b]), y_all[start : start + b]
-        g = grad(lambda p: F.cross_entropy(m.net.logits({**state, **p}, xb), yb))(params)
+        g = grad(lambda p, xb=xb, yb=yb: F.cross_entropy(m.net.logits({**state, **p}, xb), yb))(params)
         trace += sum((v**2).sum() for v in g.values())
     at = sim.at(1, [i])
-    summed = sim.executor.sum_over(m.trained_statistics, {k: v[[i]] for k, v in sim.clients.items()}, sim.server, sim.data.train, "trained_statistics", at, 0, b)
+    summed = sim.executor.sum_over(
+        m.trained_statistics,
+        {k: v[[i]] for k, v in sim.clients.items()},
+        sim.server,
+        sim.data.train,
+        "trained_statistics",
+        at,
+        0,
+        b,
+    )
     assert n % b and n > 256
     torch.testing.assert_close(summed["fim"][0], trace)
     # the server: Σ F_i θ_i / Σ F_i over the round's clients (the sample-weighted mean without client synchronization)
@@ -774,7 +883,9 @@ def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_
     for j in range(6):  # nothing is broadcast: clients outside the round keep the body they trained last
         assert torch.equal(sim.clients[body[0]][j], old[j]) != (j in at.clients.tolist())
     nocs = sim_for("fedas-nocs", 2, join_ratio="1", dtype="float64")
-    assert "as.fim" not in nocs.method.trained_statistics(client(nocs, 0), nocs.server, x, y, torch.ones(len(y), dtype=torch.float64))
+    assert "as.fim" not in nocs.method.trained_statistics(
+        client(nocs, 0), nocs.server, x, y, torch.ones(len(y), dtype=torch.float64)
+    )
     assert len(sim_for("fedas-nopa").method.phases()) == 1
 
 
@@ -795,9 +906,13 @@ def test_the_roster_table_on_the_methods_page_is_the_committed_runs():
     assert len(rows) == 21 and {r[0] for r in rows} >= {"FedALA", "FedCross", "FedKD", "FedGen", "APPLE"}
     for title, *cells in rows:
         name = by_title[title]
-        run = ROOT / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
+        run = (
+            ROOT / "results" / ("baselines30/digits-dir0.1" if name in ("local", "fedavg") else "roster-digits") / name
+        )
         acc = pd.read_parquet(run / "metrics.parquet").set_index("round")["acc"] * 100
-        assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], title
+        assert [float(c) for c in cells] == [round(acc[r], 2) for r in (1, 5, 10, 20, 30)] + [round(acc.max(), 2)], (
+            title
+        )
 
 
 def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
@@ -805,7 +920,7 @@ def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
     runs = ROOT / "results" / "roster-fmnist"
     by_title = {cls.title: name for name, cls in METHODS.items()}
     shown = [by_title[r[0]] for r in rows]
-    for name, (_, *cells, device) in zip(shown, rows):
+    for name, (_, *cells, device) in zip(shown, rows, strict=True):
         run = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")
         assert run.index.max() == 30, name
         acc = run["acc"] * 100
@@ -817,8 +932,10 @@ def test_the_fashion_mnist_roster_table_is_the_committed_runs_of_every_method():
     assert set(shown) == {m.name for m in ROSTER if m.name != "fedbn"} | {"local", "fedavg"}  # every roster method
     assert "FedBN is not in the table" in section
     # the page's CPU-against-GPU statement for FedAvg
-    cpu, gpu = (pd.read_parquet(ROOT / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
-                for f in ("roster-fmnist/fedavg", "roster-fmnist-cuda/fedavg"))
+    cpu, gpu = (
+        pd.read_parquet(ROOT / "results" / f / "metrics.parquet").set_index("round")["acc"] * 100
+        for f in ("roster-fmnist/fedavg", "roster-fmnist-cuda/fedavg")
+    )
     assert round((cpu - gpu).abs().max(), 2) <= 0.09 and "within 0.09 points of its CPU row" in section
 
 
@@ -834,16 +951,34 @@ def test_fedbns_resnet18_row_is_its_committed_runs_beside_fedavg_and_local_only_
         name = by_title[title]
         run = pd.read_parquet(runs / name / "metrics.parquet").set_index("round")
         config = yaml.safe_load((runs / name / "config.yaml").read_text())
-        assert (config["method"], config["partition"], config["clients"], config["backbone"], config["seed"]) == (name, "dir:0.1", 20, "resnet18", 0)
-        assert config["device"].split(":")[0] == device == "cuda" and run.index.max() == 12 and set(run["engine"]) == {"eager"}
+        assert (config["method"], config["partition"], config["clients"], config["backbone"], config["seed"]) == (
+            name,
+            "dir:0.1",
+            20,
+            "resnet18",
+            0,
+        )
+        assert (
+            config["device"].split(":")[0] == device == "cuda"
+            and run.index.max() == 12
+            and set(run["engine"]) == {"eager"}
+        )
         acc[name] = run["acc"] * 100
         times.append(run["time_s"].median())
-        assert [float(c) for c in cells] == [round(acc[name][r], 2) for r in (1, 5, 10, 12)] + [round(acc[name].max(), 2)], name
+        assert [float(c) for c in cells] == [round(acc[name][r], 2) for r in (1, 5, 10, 12)] + [
+            round(acc[name].max(), 2)
+        ], name
     assert [by_title[r[0]] for r in rows] == ["local", "fedavg", "fedbn"]
     fedbn, fedavg = acc["fedbn"], acc["fedavg"]
     early = pd.concat([fedbn, fedavg]).loc[[1, 2, 3, 4]]
-    assert f"between {early.min():.2f} and {early.max():.2f}" in section and f"at {acc['local'][1]:.2f} after round 1" in section
-    assert f"leads FedAvg in {(fedbn > fedavg).sum()} of the 12 rounds and by {fedbn[12] - fedavg[12]:.2f} points at round 12" in section
+    assert (
+        f"between {early.min():.2f} and {early.max():.2f}" in section
+        and f"at {acc['local'][1]:.2f} after round 1" in section
+    )
+    assert (
+        f"leads FedAvg in {(fedbn > fedavg).sum()} of the 12 rounds and by {fedbn[12] - fedavg[12]:.2f} "
+        "points at round 12" in section
+    )
     assert f"a median of {min(times):.1f} to {max(times):.1f} s a round" in section
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"FedBN {fedbn[12]:.2f}, FedAvg {fedavg[12]:.2f}, Local-only {acc['local'][12]:.2f} at round 12" in readme
@@ -852,22 +987,37 @@ def test_fedbns_resnet18_row_is_its_committed_runs_beside_fedavg_and_local_only_
 def test_the_h100_rosters_timings_on_the_pages_are_its_committed_runs():
     """The thirteen runs that shared one H100 with a FedAvg run: each run's median round and the slowest run's whole
     time bound what the pages say of them (no figure of the GPU's use was kept, so none is written)."""
-    folders = [d for d in (ROOT / "results" / "roster-fmnist").iterdir() if yaml.safe_load((d / "config.yaml").read_text())["device"].startswith("cuda")]
-    folders += sorted((ROOT / "results" / "roster-fmnist-cuda").iterdir())  # FedAvg beside them, and FedALA's H100 run before its rerun
+    folders = [
+        d
+        for d in (ROOT / "results" / "roster-fmnist").iterdir()
+        if yaml.safe_load((d / "config.yaml").read_text())["device"].startswith("cuda")
+    ]
+    # FedAvg beside them, and FedALA's H100 run before its rerun
+    folders += sorted((ROOT / "results" / "roster-fmnist-cuda").iterdir())
     fedavg = ROOT / "results" / "roster-fmnist-cuda" / "fedavg"
     times = {d: pd.read_parquet(d / "metrics.parquet")["time_s"] for d in folders}
     assert len(times) == 14
     medians = [t.median() for t in times.values()]
     slowest = max(times, key=lambda d: times[d].sum())
     rate = sum(len(t) for t in times.values()) / times[slowest].sum()
-    said = (f"a median of {min(medians):.1f} to {max(medians):.1f} s a round each while they shared it (their `time_s`); the slowest, "
-            f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so the fourteen ran at most {rate:.2f} rounds/s together")  # fmt: skip
+    said = (
+        f"a median of {min(medians):.1f} to {max(medians):.1f} s a round each while they shared it (their "
+        "`time_s`); the slowest, "
+        f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so the fourteen ran at most {rate:.2f} "
+        "rounds/s together"
+    )
     assert slowest.name == "fedgen"
     for page in ("README.md", "docs/methods.md"):
         assert said in " ".join((ROOT / page).read_text().split()), page
     performance = " ".join((ROOT / "docs/performance.md").read_text().split())
-    assert f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg {times[fedavg].median():.1f} s" in performance
-    assert f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so together they ran at most {rate:.2f} rounds/s" in performance
+    assert (
+        f"ran a median of {min(medians):.1f} to {max(medians):.1f} s a round each (FedAvg "
+        f"{times[fedavg].median():.1f} s" in performance
+    )
+    assert (
+        f"FedGen, took {times[slowest].sum():.0f} s for its 30 rounds, so together they ran at most {rate:.2f} rounds/s"
+        in performance
+    )
     assert "% busy" not in performance and "GPU use" not in performance
 
 
@@ -891,13 +1041,21 @@ def test_the_digits_curves_the_methods_page_quotes_beside_its_table_are_committe
     """The reference form of FedLC, APPLE at ten times the lr and FedAS's ablations beside FedPer, on the digits split
     of the table (results/roster-digits/)."""
     page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
-    acc = lambda name: pd.read_parquet(ROOT / "results" / "roster-digits" / name / "metrics.parquet").set_index("round")["acc"] * 100  # noqa: E731
+    acc = lambda name: (  # noqa: E731
+        pd.read_parquet(ROOT / "results" / "roster-digits" / name / "metrics.parquet").set_index("round")["acc"] * 100
+    )
     at = lambda name, rounds: " / ".join(f"{acc(name)[r]:.2f}" for r in rounds)  # noqa: E731
-    assert f"`fedlc-pfllib` (PFLlib's form: the federation's counts calibrate every client) reads {at('fedlc-pfllib', (1, 5, 10, 20, 30))}" in page
+    assert (
+        "`fedlc-pfllib` (PFLlib's form: the federation's counts calibrate every client) reads "
+        f"{at('fedlc-pfllib', (1, 5, 10, 20, 30))}" in page
+    )
     assert f"it reads {at('apple-lr0.05', (5, 10, 20, 30))} at rounds 5 / 10 / 20 / 30" in page
     assert yaml.safe_load((ROOT / "results/roster-digits/apple-lr0.05/config.yaml").read_text())["lr"] == 0.05
-    assert (f"`fedas-nopa` {at('fedas-nopa', (10, 30))}, `fedas-nocs` {at('fedas-nocs', (10, 30))} (FedPer, the same sharing without "
-            f"either, {at('fedper', (10, 30))})") in page  # fmt: skip
+    assert (
+        f"`fedas-nopa` {at('fedas-nopa', (10, 30))}, `fedas-nocs` {at('fedas-nocs', (10, 30))} (FedPer, the "
+        "same sharing without "
+        f"either, {at('fedper', (10, 30))})"
+    ) in page
 
 
 def test_what_the_methods_page_says_of_the_personal_models_below_local_only_is_their_committed_runs():
@@ -908,16 +1066,24 @@ def test_what_the_methods_page_says_of_the_personal_models_below_local_only_is_t
     at30 = [g[30] for g in gaps.values()]
     page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
     assert (every > 0).all()
-    assert (f"run below Local-only in every round (by {every.min():.2f} to {every.max():.2f} points; {min(at30):.2f} to "
-            f"{max(at30):.2f} at round 30)") in page  # fmt: skip
+    assert (
+        f"run below Local-only in every round (by {every.min():.2f} to {every.max():.2f} points; {min(at30):.2f} to "
+        f"{max(at30):.2f} at round 30)"
+    ) in page
     assert f"FedALA's round 1 ({acc('fedala')[1]:.2f}) is lower than its" in page
 
 
 def test_the_swing_the_methods_page_quotes_of_fedgh_is_its_committed_run():
-    acc = pd.read_parquet(ROOT / "results" / "roster-fmnist" / "fedgh" / "metrics.parquet").set_index("round")["acc"] * 100
+    acc = (
+        pd.read_parquet(ROOT / "results" / "roster-fmnist" / "fedgh" / "metrics.parquet").set_index("round")["acc"]
+        * 100
+    )
     late = acc[acc.index >= 10]
     step = late.diff().abs()
     page = " ".join((ROOT / "docs" / "methods.md").read_text().split())
     assert step.idxmax() == 17
-    assert (f"after round 10 the accuracy moves by up to {step.max():.2f} points from one round to the next ({acc[16]:.2f} at round 16, "
-            f"{acc[17]:.2f} at round 17; {acc[29]:.2f} at round 29, {acc[30]:.2f} at round 30)") in page  # fmt: skip
+    assert (
+        f"after round 10 the accuracy moves by up to {step.max():.2f} points from one round to the next "
+        f"({acc[16]:.2f} at round 16, "
+        f"{acc[17]:.2f} at round 17; {acc[29]:.2f} at round 29, {acc[30]:.2f} at round 30)"
+    ) in page

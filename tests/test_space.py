@@ -20,7 +20,9 @@ def write(tmp_path, text, name="space.yaml"):
 
 
 def test_distributions_defaults_and_stopping(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 settings: {dataset: digits, clients: 4, rounds: 30}
 search:
   lam: {grid: [0, 0.1, 1, 5, 10]}
@@ -29,7 +31,8 @@ search:
   partition: {categorical: ["dir:0.1", "dir:0.5"]}
   cpn_input: {uniform: [0.2, 0.3]}
 stop: {grace: 5, patience: 10, max_total_rounds: 200}
-""")
+""",
+    )
     with pytest.raises(UserError, match="cpn_input"):  # not a number setting of fedcp
         load_space(p, "fedcp")
     p = write(tmp_path, p.read_text().replace("  cpn_input: {uniform: [0.2, 0.3]}\n", ""))
@@ -52,12 +55,17 @@ def test_default_outside_the_range_is_left_to_the_sampler(tmp_path):
 
 
 def test_all_grid_uses_the_grid_sampler_over_the_whole_product(tmp_path):
-    p = write(tmp_path, "settings: {dataset: digits}\nsearch:\n  lam: {grid: [0, 0.1, 1]}\n  mu: {grid: [0, 0.1]}\nsamples: 2\n")
+    p = write(
+        tmp_path,
+        "settings: {dataset: digits}\nsearch:\n  lam: {grid: [0, 0.1, 1]}\n  mu: {grid: [0, 0.1]}\nsamples: 2\n",
+    )
     space = load_space(p, "gpfl")
     assert space.sampler == "grid" and space.samples == 6
-    assert space.notes == [f"{p}: samples: the grid sampler runs each of its 6 points once, so 6 trials, not 2."]  # said, not silent
+    # said, not silent
+    assert space.notes == [f"{p}: samples: the grid sampler runs each of its 6 points once, so 6 trials, not 2."]
     assert isinstance(space.make_sampler(0), optuna.samplers.GridSampler)
-    assert load_space(write(tmp_path, "search:\n  lam: {grid: [0, 1]}\n"), "gpfl").notes == []  # no count given: nothing to say
+    # no count given: nothing to say
+    assert load_space(write(tmp_path, "search:\n  lam: {grid: [0, 1]}\n"), "gpfl").notes == []
 
 
 def test_command_line_overrides_and_val_selection(tmp_path):
@@ -75,7 +83,10 @@ def test_command_line_overrides_and_val_selection(tmp_path):
     "text, message",
     [
         ("search: [lr\n", "is not valid YAML at line"),
-        ("search:\n  lr: {normal: [0, 1]}\n", "unknown distribution 'normal'; use one of uniform, loguniform, int, categorical, grid"),
+        (
+            "search:\n  lr: {normal: [0, 1]}\n",
+            "unknown distribution 'normal'; use one of uniform, loguniform, int, categorical, grid",
+        ),
         ("search:\n  lr: {uniform: [0.1, 0.01]}\n", "low 0.1 must be below high 0.01"),
         ("search:\n  lamda: {grid: [1, 2]}\n", "'lamda' is not a setting of fedcp; allowed:"),
         ("search:\n  lr: {loguniform: [0, 1]}\n", "loguniform needs a positive low bound"),
@@ -117,9 +128,9 @@ def test_a_variant_uses_its_methods_space():
 
 
 def test_every_method_has_a_shipped_space():
-    from algorithms import METHODS
-
     import yaml
+
+    from algorithms import METHODS
 
     shipped = {yaml.safe_load(p.read_text())["method"] for p in SPACES.glob("*.yaml")}
     assert {name for name, cls in METHODS.items() if not cls.family} <= shipped
@@ -131,8 +142,15 @@ def test_a_space_names_a_shared_setting_and_overrides_it(tmp_path):
     p = write(tmp_path, "setting: fedpac-fmnist-pac20\nsettings: {rounds: 30}\nsearch:\n  lr: {grid: [0.1, 1]}\n")
     cfg = load_space(p, "fedavg").base_config()
     shared = SETTINGS["fedpac-fmnist-pac20"]
-    assert (cfg.dataset, cfg.partition, cfg.protocol, cfg.checkpoint_every) == (shared["dataset"], shared["partition"], "fedpac", 20)
+    assert (cfg.dataset, cfg.partition, cfg.protocol, cfg.checkpoint_every) == (
+        shared["dataset"],
+        shared["partition"],
+        "fedpac",
+        20,
+    )
     assert cfg.rounds == 30 and cfg.batch_size == 50  # the file's own settings win; the protocol fills the rest
     p = write(tmp_path, "setting: fmnist\nsearch:\n  lr: {grid: [0.1, 1]}\n")
-    with pytest.raises(UserError, match="unknown setting 'fmnist'; name one of pfllib-fmnist-dir0.1, fedpac-fmnist-pac20"):
+    with pytest.raises(
+        UserError, match="unknown setting 'fmnist'; name one of pfllib-fmnist-dir0.1, fedpac-fmnist-pac20"
+    ):
         load_space(p, "fedavg")

@@ -17,15 +17,15 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.selection import score, selection
-from tuner.selection import trial_score
+from tuner.selection import score, selection, trial_score
 from tuner.sweep.cluster import OWN_RAY_CONFIG
 from tuner.sweep.schedulers import asha
 from tuner.sweep.stopping import Patience, RoundBudget
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
-settings: {dataset: digits, partition: iid, clients: 4, rounds: 3, checkpoint_every: 2, executor: sequential, batch_size: 40}
+settings: {dataset: digits, partition: iid, clients: 4, rounds: 3, checkpoint_every: 2, executor: sequential,
+batch_size: 40}
 search:
   lr: {loguniform: [0.001, 0.2]}
 samples: 3
@@ -58,8 +58,8 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
     """A trial's per-round accuracies, run here in this process on one thread as its worker runs it."""
     import torch
 
-    from tuner.sweep.trials import trial_config
     from tuner.run import build_simulation
+    from tuner.sweep.trials import trial_config
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -78,7 +78,14 @@ def ray_local():
     Configured as a sweep starts its own (tuner/sweep/cluster.py)."""
     import ray
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _system_config=OWN_RAY_CONFIG)
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        _system_config=OWN_RAY_CONFIG,
+    )
     yield
     ray.shutdown()
 
@@ -89,7 +96,21 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
     study_db = tmp_path / "study.db"
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--seeds", "2", "--study-db", str(study_db)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "fedavg",
+            "--space",
+            str(space),
+            "--storage",
+            str(tmp_path),
+            "--seeds",
+            "2",
+            "--study-db",
+            str(study_db),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "best configuration" in res.output and "2 fresh seeds" in res.output and "chosen by" in res.output
     search = trials(tmp_path / "fedavg-tiny" / "search")
@@ -114,7 +135,9 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert by_rule["params"]["lr"] == best_lr and summary["best"]["best_val_acc"] == by_rule["rows"][-1]["best_val_acc"]
     study = optuna.load_study(study_name="fedavg-tiny", storage=f"sqlite:///{study_db}")
     assert study.best_trial.params["lr"] == best_lr
-    assert CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tiny"), "--out", str(tmp_path / "r")]).exit_code == 0
+    assert (
+        CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tiny"), "--out", str(tmp_path / "r")]).exit_code == 0
+    )
     best = pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]
     assert best["config"] == f"lr={best_lr:.4g}" and best["val_acc"] == summary["best"]["best_val_acc"]
     seeds = trials(tmp_path / "fedavg-tiny" / "seeds")
@@ -131,9 +154,13 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
     """checkpoint_every changes no figure, so three trials tie on score; every place that names a best trial names
     the one that started first, whatever order the grid sampler drew the values in."""
     space = tmp_path / "tie.yaml"
-    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
-                     "search:\n  checkpoint_every: {grid: [1, 2, 3]}\nsampler: grid\nsamples: 3\nselect: val\n")  # fmt: skip
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--max-concurrent", "1"])
+    space.write_text(
+        "settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
+        "search:\n  checkpoint_every: {grid: [1, 2, 3]}\nsampler: grid\nsamples: 3\nselect: val\n"
+    )
+    res = CliRunner().invoke(
+        app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--max-concurrent", "1"]
+    )
     assert res.exit_code == 0, res.output
     search = trials(tmp_path / "fedavg-tie" / "search")
     assert len({t["rows"][-1]["score"] for t in search}) == 1  # a tie for ASHA, Optuna's study and the console alike
@@ -141,8 +168,12 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
     # here; Ray's timestamps are whole seconds, too coarse to order trials of a second each).
     first = next(t for t in search if t["dir"].name.startswith("federated_trial_00001_"))["params"]["checkpoint_every"]
     assert f"checkpoint_every={first}" in res.output
-    assert yaml.safe_load((tmp_path / "fedavg-tie" / "summary.yaml").read_text())["best_config"] == {"checkpoint_every": first}
-    assert CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tie"), "--out", str(tmp_path / "r")]).exit_code == 0
+    assert yaml.safe_load((tmp_path / "fedavg-tie" / "summary.yaml").read_text())["best_config"] == {
+        "checkpoint_every": first
+    }
+    assert (
+        CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-tie"), "--out", str(tmp_path / "r")]).exit_code == 0
+    )
     assert pd.read_parquet(tmp_path / "r" / "best.parquet").iloc[0]["config"] == f"checkpoint_every={first}"
 
 
@@ -151,7 +182,21 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
 def test_a_sweep_ended_by_its_round_budget_says_so(tmp_path, ray_local):
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--max-total-rounds", "4", "--max-concurrent", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "fedavg",
+            "--space",
+            str(space),
+            "--storage",
+            str(tmp_path),
+            "--max-total-rounds",
+            "4",
+            "--max-concurrent",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "round budget" in " ".join(res.output.split())
     summary = yaml.safe_load((tmp_path / "fedavg-tiny" / "summary.yaml").read_text())
@@ -164,18 +209,28 @@ def test_a_trial_refusing_its_setting_is_not_retried_and_the_sweep_does_not_exit
     """batch_size 5000 passes the space's checks (any int is a batch size) but no client holds a batch that
     large: the trial fails once, with the run's sentence, and the sweep says so with exit code 2."""
     space = tmp_path / "big.yaml"
-    space.write_text("settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
-                     "search:\n  batch_size: {grid: [10, 5000]}\nsampler: grid\nsamples: 2\n")  # fmt: skip
+    space.write_text(
+        "settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential}\n"
+        "search:\n  batch_size: {grid: [10, 5000]}\nsampler: grid\nsamples: 2\n"
+    )
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
-    assert res.exit_code == 2 and "1 trial of" in res.output and "fewer training samples than one batch" in " ".join(res.output.split()), res.output
-    failed = next(d for d in (tmp_path / "fedavg-big" / "search").glob("federated_trial_*") if (d / "error.txt").exists())
+    assert (
+        res.exit_code == 2
+        and "1 trial of" in res.output
+        and "fewer training samples than one batch" in " ".join(res.output.split())
+    ), res.output
+    failed = next(
+        d for d in (tmp_path / "fedavg-big" / "search").glob("federated_trial_*") if (d / "error.txt").exists()
+    )
     assert (d := failed / "error.txt").read_text().count("Failure #") == 1, d.read_text()  # never retried
     assert yaml.safe_load((tmp_path / "fedavg-big" / "summary.yaml").read_text())["best_config"] == {"batch_size": 10}
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_their_reasons_and_the_sweep_goes_on(tmp_path, ray_local, monkeypatch):
+def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_their_reasons_and_the_sweep_goes_on(
+    tmp_path, ray_local, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     Path("dies.py").write_text(
         "import os, signal\nfrom algorithms.fedavg import FedAvg\n\n\n"
@@ -185,22 +240,29 @@ def test_a_diverging_trial_and_one_whose_worker_always_dies_are_failed_with_thei
         f"        if training.lr == 0.5 and os.getpid() != {os.getpid()}:\n"
         "            os.kill(os.getpid(), signal.SIGKILL)\n"
         "        super().__init__(net, training, hp)\n"
-    )  # fmt: skip
+    )
     space = tmp_path / "div.yaml"
     space.write_text(TINY.replace("lr: {loguniform: [0.001, 0.2]}", "lr: {grid: [0.05, 0.5, 1.0e+12]}"))
     db = tmp_path / "study.db"
-    res = CliRunner().invoke(app, ["sweep", "./dies.py:Dies", "--space", str(space), "--storage", str(tmp_path), "--study-db", str(db)])
+    res = CliRunner().invoke(
+        app, ["sweep", "./dies.py:Dies", "--space", str(space), "--storage", str(tmp_path), "--study-db", str(db)]
+    )
     died = "3 failures, the last: The actor is dead because its worker process has died."
     assert res.exit_code == 0, res.output  # failed trials, not unfinished ones
     assert "diverged" in res.output and died in " ".join(res.output.split())
     by_lr = {t["params"]["lr"]: t for t in trials(tmp_path / "dies-div" / "search")}
     assert "diverged" in by_lr[1.0e12]["rows"][-1]["failed"]
-    assert (by_lr[1.0e12]["dir"] / "error.txt").read_text().count("Failure #") == 1  # not retried: it would diverge again
+    # not retried: it would diverge again
+    assert (by_lr[1.0e12]["dir"] / "error.txt").read_text().count("Failure #") == 1
     assert by_lr[0.05]["rows"][-1]["round"] == 3 and not by_lr[0.5]["rows"]  # it never reported a round
     res = CliRunner().invoke(app, ["report", str(tmp_path / "dies-div"), "--out", str(tmp_path / "report")])
     assert res.exit_code == 0, res.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet").sort_values("lr")
-    assert runs["rounds_run"].tolist() == [3, 0, 1] and runs["failed"].iloc[1] == died and "diverged" in runs["failed"].iloc[2]
+    assert (
+        runs["rounds_run"].tolist() == [3, 0, 1]
+        and runs["failed"].iloc[1] == died
+        and "diverged" in runs["failed"].iloc[2]
+    )
     import optuna  # the study outlives Ray in SQLite
 
     study = optuna.load_study(study_name="dies-div", storage=f"sqlite:///{db}")
@@ -220,14 +282,23 @@ def test_stopping_rules():
     assert budget.stop_all()
     scheduler = asha(5, 100)
     assert scheduler._time_attr == "round" and scheduler._max_t == 100 and asha(None, 100) is None
-    rows = [{"round": 1, "acc": 0.5, "val_acc": 0.7}, {"round": 2, "acc": 0.8, "val_acc": 0.6}, {"round": 3, "train_loss": 1.0}]
+    rows = [
+        {"round": 1, "acc": 0.5, "val_acc": 0.7},
+        {"round": 2, "acc": 0.8, "val_acc": 0.6},
+        {"round": 3, "train_loss": 1.0},
+    ]
     figures = {"best_acc": 0.8, "best_val_acc": 0.7, "best_val_round": 1}
     assert selection(rows, "test") == {**figures, "selected_acc": 0.8, "best_round": 2, "score": 0.8 - 2e-12}
     assert selection(rows, "val") == {**figures, "selected_acc": 0.5, "best_round": 1, "score": 0.7 - 1e-12}
-    tied = rows + [{"round": 4, "acc": 0.9, "val_acc": 0.7}]  # the same validation accuracy later: the earlier round stands
+    # the same validation accuracy later: the earlier round stands
+    tied = rows + [{"round": 4, "acc": 0.9, "val_acc": 0.7}]
     assert selection(tied, "val")["best_round"] == 1 and score(0.7, 1) > score(0.7, 4) > score(0.699999, 1)
     old = {"best_val_acc": 0.7, "best_acc": 0.8, "best_round": 3}  # a trial's result from before scores were reported
-    assert trial_score(old, "val") == score(0.7, 3) and trial_score(old, "test") == score(0.8, 3) and trial_score({**old, "score": 0.5}, "val") == 0.5
+    assert (
+        trial_score(old, "val") == score(0.7, 3)
+        and trial_score(old, "test") == score(0.8, 3)
+        and trial_score({**old, "score": 0.5}, "val") == 0.5
+    )
 
 
 def test_a_resumed_sweeps_round_budget_counts_the_rounds_its_trials_ran_before(tmp_path):
@@ -237,7 +308,9 @@ def test_a_resumed_sweeps_round_budget_counts_the_rounds_its_trials_ran_before(t
     for trial_id, rounds in (("a", 4), ("b", 3)):
         (tmp_path / f"federated_trial_{trial_id}").mkdir()
         rows = [json.dumps({"trial_id": trial_id, "round": r}) for r in range(1, rounds + 1)]
-        (tmp_path / f"federated_trial_{trial_id}" / "result.json").write_text("\n".join(rows) + '\n{"trial_id": "a", "rou')  # cut by a kill
+        (tmp_path / f"federated_trial_{trial_id}" / "result.json").write_text(
+            "\n".join(rows) + '\n{"trial_id": "a", "rou'
+        )  # cut by a kill
     saved = pickle.dumps(RoundBudget(10, tmp_path))  # as Tune stores it with the experiment, before any round
     budget = pickle.loads(saved)
     assert not budget.stop_all()  # 4 + 3 before the resume
@@ -250,7 +323,7 @@ def test_a_resumed_sweeps_round_budget_counts_the_rounds_its_trials_ran_before(t
 def test_once_a_stage_is_stopping_its_search_suggests_no_trial():
     from optuna.distributions import FloatDistribution
 
-    from tuner.sweep.stages import INTERRUPTED, StoppableOptunaSearch
+    from tuner.sweep.recovery import INTERRUPTED, StoppableOptunaSearch
 
     search = StoppableOptunaSearch(space={"lr": FloatDistribution(0.001, 0.1, log=True)}, metric="score", mode="max")
     INTERRUPTED.clear()
@@ -263,12 +336,25 @@ def test_once_a_stage_is_stopping_its_search_suggests_no_trial():
 
 
 def _sweep_cmd(space, storage, *extra):
-    return [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", str(storage), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "sweep",
+        "fedavg",
+        "--space",
+        str(space),
+        "--storage",
+        str(storage),
+        *extra,
+    ]
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing_no_trial_and_running_none_twice(tmp_path, spawn):
+def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing_no_trial_and_running_none_twice(
+    tmp_path, spawn
+):
     """Ctrl-C as a terminal sends it, to the whole process group (Ray's processes too, had they not blocked it): once
     while Ray starts (the sweep's folder exists, no trial yet), once as the second of three trials starts (one at a
     time); either way exit 130 with one line, no traceback, no crash, no trial started after it. The resumed sweep is
@@ -282,8 +368,14 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     experiment = tmp_path / "fedavg-ctrl" / "search"
     for ready in (lambda: (tmp_path / "fedavg-ctrl").exists(), lambda: len(trials_so_far(experiment)) >= 2):
         resume = ["--resume"] if experiment.exists() else []
-        proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", *resume), cwd=ROOT, env=env,
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = spawn(
+            _sweep_cmd(space, tmp_path, "--max-concurrent", "1", *resume),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.time() + 240
         while not ready():
             assert proc.poll() is None and time.time() < deadline, "the sweep ended before the moment came"
@@ -299,19 +391,41 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     assert "Stopped with 2 trials unfinished" in " ".join(out.split()) and "--resume" in out, out
 
     stopped = {t["dir"].name: len(t["rows"]) for t in trials(experiment)}
-    proc = spawn(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while True:  # killed once a trial has gone on in this sweep and checkpointed, short of its last round
-        midway = [t for t in trials_so_far(experiment)
-                  if len(t["rows"]) > stopped.get(t["dir"].name, 0) and t["rows"][-1]["round"] < 60 and list(t["dir"].glob("checkpoint_*"))]  # fmt: skip
+        midway = [
+            t
+            for t in trials_so_far(experiment)
+            if len(t["rows"]) > stopped.get(t["dir"].name, 0)
+            and t["rows"][-1]["round"] < 60
+            and list(t["dir"].glob("checkpoint_*"))
+        ]
         if midway:
             break
-        assert proc.poll() is None and time.time() < deadline, "the resumed sweep was never seen with a trial checkpointed mid-way"
+        assert proc.poll() is None and time.time() < deadline, (
+            "the resumed sweep was never seen with a trial checkpointed mid-way"
+        )
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)}  # the kill may have cut a file mid-write
-    res = subprocess.run(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    before = {
+        t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)
+    }  # the kill may have cut a file mid-write
+    res = subprocess.run(
+        _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
     after = trials(experiment)
@@ -321,7 +435,8 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
         assert rounds[-1] == 60 and set(rounds) == set(range(1, 61)), rounds
         if before.get(t["dir"].name, [0])[-1] == 60:  # a finished trial is not run again
             assert rounds == before[t["dir"].name]
-        seen = next((m["rows"] for m in midway if m["dir"] == t["dir"]), None)  # whole when seen, as a kill may not leave it
+        # whole when seen, as a kill may not leave it
+        seen = next((m["rows"] for m in midway if m["dir"] == t["dir"]), None)
         if seen:  # the killed one goes on from its checkpoint, not from round 1
             assert rounds.count(1) == [r["round"] for r in seen].count(1), rounds
 
@@ -379,7 +494,14 @@ def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
     script = tmp_path / "placement.py"
     script.write_text(PLACEMENT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, str(script), str(space), str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [sys.executable, str(script), str(space), str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     nodes = json.loads(res.stdout.strip().splitlines()[-1])
     ts = trials(tmp_path / "gpu" / "search")
@@ -388,7 +510,9 @@ def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
     for t in ts:
         first, last = t["rows"][0], t["rows"][-1]
         assert first["node"] in nodes["workers"] and first["gpu_ids"] != ""  # never on the GPU-less head
-        spans.setdefault((first["node"], first["gpu_ids"]), []).append((first["timestamp"] - first["time_total_s"], last["timestamp"]))
+        spans.setdefault((first["node"], first["gpu_ids"]), []).append(
+            (first["timestamp"] - first["time_total_s"], last["timestamp"])
+        )
     for gpu, intervals in spans.items():  # half a GPU each: at most two trials share one at any moment
         for start, _ in intervals:
             assert sum(s <= start < e for s, e in intervals) <= 2, gpu
@@ -403,7 +527,12 @@ def test_reproduce_lists_the_cells_the_local_data_allows():
     assert all(c["partition"] == "pac:20" and c["dataset"] == "fmnist" and c["protocol"] == "fedpac" for c in todo)
     assert any(s.startswith("Cifar10: no local data") for s in skipped)
     todo, skipped = cells("gpfl-table1", datasets=["fmnist"], methods=["gpfl", "fedper"])
-    assert sorted((c["method"], c["partition"]) for c in todo) == [("fedper", "dir:0.1"), ("fedper", "pat:2"), ("gpfl", "dir:0.1"), ("gpfl", "pat:2")]
+    assert sorted((c["method"], c["partition"]) for c in todo) == [
+        ("fedper", "dir:0.1"),
+        ("fedper", "pat:2"),
+        ("gpfl", "dir:0.1"),
+        ("gpfl", "pat:2"),
+    ]
     for table in ("gpfl-table1", "fedpac-table1", "fedcp-table2"):  # every method of every table is implemented
         assert not [s for s in cells(table)[1] if "not implemented" in s], table
     with pytest.raises(UserError, match="Unknown table 'gpfl-table9'"):
@@ -414,17 +543,47 @@ def test_reproduce_lists_the_cells_the_local_data_allows():
 @pytest.mark.slow
 def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray_local, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative --storage, through the same path handling as the sweep's (below)
-    res = CliRunner().invoke(app, ["reproduce", "fedpac-table2", "--method", "fedpac", "--method", "fedpac-none", "--rounds", "1", "--seeds", "2",
-                                   "--storage", "repro", "--set", "pac_train=60", "--set", "pac_test=20", "--set", "executor=sequential"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "fedpac-table2",
+            "--method",
+            "fedpac",
+            "--method",
+            "fedpac-none",
+            "--rounds",
+            "1",
+            "--seeds",
+            "2",
+            "--storage",
+            "repro",
+            "--set",
+            "pac_train=60",
+            "--set",
+            "pac_test=20",
+            "--set",
+            "executor=sequential",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "FedPAC Table2-ablation" in res.output and "left out: Cifar10" in res.output
     storage = tmp_path / "repro"
     ts = trials(storage / "fedpac-table2" / "reproduce")
-    assert sorted((t["params"]["cell"]["method"], t["params"]["seed"]) for t in ts) == [("fedpac", 0), ("fedpac", 1), ("fedpac-none", 0), ("fedpac-none", 1)]
+    assert sorted((t["params"]["cell"]["method"], t["params"]["seed"]) for t in ts) == [
+        ("fedpac", 0),
+        ("fedpac", 1),
+        ("fedpac-none", 0),
+        ("fedpac-none", 1),
+    ]
     import pandas as pd
 
     tables = pd.read_parquet(storage / "fedpac-table2" / "report" / "tables.parquet")
-    row = tables[(tables["table"] == "Table2-ablation") & (tables["method"] == "FedPAC") & (tables["column"] == "FMNIST dominant_s20")].iloc[0]
+    row = tables[
+        (tables["table"] == "Table2-ablation")
+        & (tables["method"] == "FedPAC")
+        & (tables["column"] == "FMNIST dominant_s20")
+    ].iloc[0]
     assert row["seeds"] == 2 and row["paper_mean"] == 91.83
 
 
@@ -433,12 +592,18 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
 def test_an_unreachable_cluster_is_one_sentence(tmp_path):
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY)
-    res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"])
-    assert res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(
+        app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--address", "127.0.0.1:1"]
+    )
+    assert (
+        res.exit_code == 2 and "No Ray cluster answers at 127.0.0.1:1" in res.output and "Traceback" not in res.output
+    )
 
 
 @pytest.mark.parametrize("address, system_config", [(None, OWN_RAY_CONFIG), ("ray://head:10001", None)])
-def test_the_ray_a_sweep_starts_prestarts_no_workers_and_a_joined_cluster_keeps_its_own_settings(monkeypatch, address, system_config):
+def test_the_ray_a_sweep_starts_prestarts_no_workers_and_a_joined_cluster_keeps_its_own_settings(
+    monkeypatch, address, system_config
+):
     import ray
 
     from tuner.errors import UserError
@@ -460,7 +625,9 @@ def test_the_ray_a_sweep_starts_prestarts_no_workers_and_a_joined_cluster_keeps_
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never_joins_a_dead_or_foreign_one(tmp_path, spawn):
+def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never_joins_a_dead_or_foreign_one(
+    tmp_path, spawn
+):
     """Someone's `ray start` cluster on the machine, joined with --address, killed mid-sweep (its head node gone):
     one sentence within seconds (Ray itself would end the process a minute later with a log line). The cluster's
     address file stays behind, stale; a sweep without --address starts its own Ray instead of joining it."""
@@ -471,11 +638,31 @@ def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never
         port = s.getsockname()[1]
     import secrets
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))} | {"PYTHONPATH": str(ROOT)}
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # as `ray start` does where a token exists
-    head = spawn([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
-                  "--node-ip-address", "127.0.0.1", "--include-dashboard=false"], env=env,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))} | {
+        "PYTHONPATH": str(ROOT)
+    }
+    env |= {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(16),
+    }  # as `ray start` does where a token exists
+    head = spawn(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "1",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--include-dashboard=false",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     address_file = Path("/tmp/ray/ray_current_cluster")
     try:
         deadline = time.time() + 120
@@ -483,15 +670,31 @@ def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never
             assert head.poll() is None, "ray start failed"
             time.sleep(0.2)
         space = tmp_path / "gone.yaml"
-        space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5").replace("samples: 3", "samples: 2"))
+        space.write_text(
+            TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30, checkpoint_every: 5").replace(
+                "samples: 3", "samples: 2"
+            )
+        )
         # Ray joins a cluster at an explicit address with its token only when told (RAY_AUTH_MODE); refused, it
         # tries again for 20 s (RAY_gcs_server_port_wait_time_s, its own knob: one try here, the sentence is the same)
         refused_env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"} | {"RAY_gcs_server_port_wait_time_s": "1"}
-        res = subprocess.run(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, capture_output=True, text=True,
-                             env=refused_env, timeout=120)  # fmt: skip
+        res = subprocess.run(
+            _sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=refused_env,
+            timeout=120,
+        )
         assert res.returncode == 2 and "set RAY_AUTH_MODE=token" in res.stderr.splitlines()[-1], res.stdout + res.stderr
-        proc = spawn(_sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"), cwd=ROOT, env=env,
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = spawn(
+            _sweep_cmd(space, tmp_path, "--address", f"127.0.0.1:{port}"),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         experiment = tmp_path / "fedavg-gone" / "search"
         while not any(t["rows"] for t in trials_so_far(experiment)):
             assert proc.poll() is None and time.time() < deadline + 120, "the sweep ended before a trial ran"
@@ -503,7 +706,14 @@ def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never
         gcs = re.search(r"joined the Ray cluster at ([\d.]+:\d+): 1 node, 1 CPU, 0 GPUs", out)  # its size: whose it is
         assert gcs and gcs[1].endswith(f":{port}") and proc.returncode == 1 and "Traceback" not in out, out
         assert last.startswith(f"error: The Ray cluster at {gcs[1]} stopped answering") and "--resume" in last, out
-        res = subprocess.run(_sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        res = subprocess.run(
+            _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert res.returncode == 0 and "joined" not in res.stdout, res.stdout + res.stderr
         assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [30, 30]
     finally:
@@ -519,10 +729,24 @@ def test_sweep_and_report_take_relative_and_home_paths(tmp_path, monkeypatch, ra
         d.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
-    cases = (("", work, "group/one", "sweeps/group/one", work / "sweeps" / "group" / "one"), ("~/", home, "~/named", "~/named", home / "named"))
+    cases = (
+        ("", work, "group/one", "sweeps/group/one", work / "sweeps" / "group" / "one"),
+        ("~/", home, "~/named", "~/named", home / "named"),
+    )
     for prefix, folder, name, typed, sweep_dir in cases:  # --name is a folder under --storage, or a path of its own
         (folder / "tiny.yaml").write_text(TINY.replace("samples: 3", "samples: 1"))
-        args = ["sweep", "fedavg", "--space", f"{prefix}tiny.yaml", "--storage", f"{prefix}sweeps", "--name", name, "--study-db", f"{prefix}study.db"]
+        args = [
+            "sweep",
+            "fedavg",
+            "--space",
+            f"{prefix}tiny.yaml",
+            "--storage",
+            f"{prefix}sweeps",
+            "--name",
+            name,
+            "--study-db",
+            f"{prefix}study.db",
+        ]
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
         assert len(trials(sweep_dir / "search")) == 1 and (folder / "study.db").exists()
@@ -548,18 +772,24 @@ def test_storage_failing_mid_sweep_is_one_sentence(tmp_path, ray_local, monkeypa
     space.write_text(TINY)
     res = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path / "sweeps")])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    assert "Cannot write to the sweep's storage" in res.output and "No space left on device" in res.output and "--resume" in res.output
+    assert (
+        "Cannot write to the sweep's storage" in res.output
+        and "No space left on device" in res.output
+        and "--resume" in res.output
+    )
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A file system of its own, 1.5 MiB beyond the sweep's reserve: it fills during the first trial."""
-    from tuner.sweep.stages import STORAGE_RESERVE
+    from tuner.sweep.recovery import STORAGE_RESERVE
 
     disk = tmp_path / "disk"
     disk.mkdir()
     size = STORAGE_RESERVE + 1536 * 1024
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
         pytest.skip("mounting a small tmpfs needs root with CAP_SYS_ADMIN")
     yield disk
     subprocess.run(["umount", "-l", str(disk)], check=True)
@@ -569,13 +799,22 @@ def small_disk(tmp_path):
 @pytest.mark.slow
 def test_a_storage_that_fills_stops_the_sweep_in_one_sentence_and_resume_finishes_it(small_disk, ray_local):
     space = small_disk.parent / "fill.yaml"
-    space.write_text(TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1").replace("samples: 3", "samples: 2"))
+    space.write_text(
+        TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 4, checkpoint_every: 1").replace(
+            "samples: 3", "samples: 2"
+        )
+    )
     sweep = ["sweep", "fedavg", "--space", str(space), "--storage", str(small_disk), "--max-concurrent", "1"]
     res = CliRunner().invoke(app, sweep)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    assert "Cannot write to the sweep's storage" in res.output and "No space left on device" in res.output and "--resume" in res.output
+    assert (
+        "Cannot write to the sweep's storage" in res.output
+        and "No space left on device" in res.output
+        and "--resume" in res.output
+    )
     experiment = small_disk / "fedavg-fill" / "search"
-    state = json.loads(next(experiment.glob("experiment_state-*.json")).read_text())  # whole: the reserve gave Tune room
+    # whole: the reserve gave Tune room
+    state = json.loads(next(experiment.glob("experiment_state-*.json")).read_text())
     assert state["trial_data"]
     assert not (small_disk / "fedavg-fill" / ".storage-reserve").exists()
 
@@ -591,7 +830,7 @@ def test_a_storage_that_fills_stops_the_sweep_in_one_sentence_and_resume_finishe
 def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
     import pickle
 
-    from tuner.sweep.stages import drop_damaged_errors
+    from tuner.sweep.recovery import drop_damaged_errors
 
     cut, whole = tmp_path / "trial_a" / "error.pkl", tmp_path / "trial_b" / "error.pkl"
     for f in (cut, whole):
@@ -626,7 +865,10 @@ def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
     assert worker_rounds(cpu, 16, 50, 16, {"CPU": 16}) == worker_rounds(cpu, 16, 50, 1, two_cores) / 16 == 50
     assert worker_rounds({"cpu": 1, "gpu": 0.5}, 8, 10, None, {"CPU": 16, "GPU": 1}) == 40  # two trials a GPU
     assert auto_engine("cpu", 60, "mlp", "gpfl") == "eager" and auto_engine("cpu", 400, "mlp", "gpfl") == "compiled"
-    assert auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4", "gpfl") == "compiled" and auto_engine("cpu", 60, "a_users_backbone", "gpfl") == "eager"
+    assert (
+        auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4", "gpfl") == "compiled"
+        and auto_engine("cpu", 60, "a_users_backbone", "gpfl") == "eager"
+    )
 
 
 def test_a_trial_worker_starts_without_importing_torch():

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from simulations import assert_equal_states, exact_config, reference_run, run_rounds
 from typer.testing import CliRunner
 
-from simulations import assert_equal_states, exact_config, reference_run, run_rounds
 from tuner.cli import app
 from tuner.config import RunConfig
 from tuner.run import build_simulation
@@ -63,8 +63,13 @@ def fednew(tmp_path) -> str:
     return f"{path}:FedNew"
 
 
-TYPED = FEDNEW.replace("from dataclasses import dataclass", "from dataclasses import dataclass\nfrom typing import Literal, Optional").replace(
-    "        mu: float = 0.5", '        mu: float = 0.5\n        clip: Optional[float] = None\n        widths: tuple[int, ...] = (3,)\n        mix: Literal["mean", "median"] = "mean"')
+TYPED = FEDNEW.replace(
+    "from dataclasses import dataclass", "from dataclasses import dataclass\nfrom typing import Literal, Optional"
+).replace(
+    "        mu: float = 0.5",
+    "        mu: float = 0.5\n        clip: Optional[float] = None\n        widths: tuple[int, ...] = (3,)\n  "
+    '      mix: Literal["mean", "median"] = "mean"',
+)
 
 
 def test_a_users_hyperparameters_are_typed_by_their_hints(tmp_path):
@@ -75,11 +80,22 @@ def test_a_users_hyperparameters_are_typed_by_their_hints(tmp_path):
     path = tmp_path / "typed.py"
     path.write_text(TYPED)
     method = f"{path}:FedNew"
-    cfg = resolve_layers(method, [("--set", {"dataset": "digits", "clip": "0.5", "widths": [3, 4], "mix": "median", "mu": "1e-4"})])
-    assert cfg.hparams == {"mu": 0.0001, "clip": 0.5, "widths": (3, 4), "mix": "median"}  # "1e-4": YAML's string, a float here
+    cfg = resolve_layers(
+        method, [("--set", {"dataset": "digits", "clip": "0.5", "widths": [3, 4], "mix": "median", "mu": "1e-4"})]
+    )
+    assert cfg.hparams == {
+        "mu": 0.0001,
+        "clip": 0.5,
+        "widths": (3, 4),
+        "mix": "median",
+    }  # "1e-4": YAML's string, a float here
     assert resolve_layers(method, [("--set", {"dataset": "digits", "clip": None})]).hparams["clip"] is None
-    for name, value, words in (("mix", "mode", "must be one of 'mean', 'median', not 'mode'"), ("widths", "3", "must be a list of int values"),
-                               ("mu", None, "mu needs a value"), ("mu", float("inf"), "mu must be a finite number")):  # fmt: skip
+    for name, value, words in (
+        ("mix", "mode", "must be one of 'mean', 'median', not 'mode'"),
+        ("widths", "3", "must be a list of int values"),
+        ("mu", None, "mu needs a value"),
+        ("mu", float("inf"), "mu must be a finite number"),
+    ):
         with pytest.raises(UserError, match=words):
             resolve_layers(method, [("--set", {"dataset": "digits", name: value})])
 
@@ -111,7 +127,9 @@ def test_the_fedbn_example_keeps_batchnorm_local_under_both_executors():
     norms = [k for k in seq.clients if k.startswith(("body.1.", "body.4."))]  # the two BatchNorm layers
     assert norms and not any(k in seq.server for k in norms) and "body.0.weight" in seq.server
     fedavg, _ = run_rounds(exact_config("fedavg", executor="sequential", **cfg), 2)
-    assert "body.1.weight" in fedavg.server and not torch.allclose(fedavg.server["body.0.weight"], seq.server["body.0.weight"])
+    assert "body.1.weight" in fedavg.server and not torch.allclose(
+        fedavg.server["body.0.weight"], seq.server["body.0.weight"]
+    )
 
 
 def test_a_relative_method_path_is_recorded_absolute(tmp_path, fednew, monkeypatch):
@@ -148,39 +166,73 @@ def test_a_users_method_sweeps_in_ray_workers_and_gets_its_own_rows(tmp_path, fe
 
     monkeypatch.chdir(Path(fednew.rpartition(":")[0]).parent)  # relative paths, in the space file too, are from here
     space = Path("fednew.yaml")
-    Path("model.py").write_text("from tuner.models import mlp\n\ndef build(shape, classes):\n    return mlp(shape, classes)\n")
-    space.write_text(textwrap.dedent("""
+    Path("model.py").write_text(
+        "from tuner.models import mlp\n\ndef build(shape, classes):\n    return mlp(shape, classes)\n"
+    )
+    space.write_text(
+        textwrap.dedent("""
         method: ./fednew.py:FedNew
-        settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential, backbone: ./model.py:build}
+        settings: {dataset: digits, partition: iid, clients: 4, rounds: 2, executor: sequential, backbone:
+        ./model.py:build}
         search:
           mu: {loguniform: [0.01, 1.0]}
         samples: 2
-    """))
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _system_config=OWN_RAY_CONFIG)  # trials in turn, on one worker
+    """)
+    )
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        _system_config=OWN_RAY_CONFIG,
+    )  # trials in turn, on one worker
     try:
         res = invoke("sweep", "./fednew.py:FedNew", "--space", space, "--storage", tmp_path / "sweeps")
     finally:
         ray.shutdown()
     assert res.exit_code == 0, res.output
     sweep = tmp_path / "sweeps" / "fednew"  # the space fednew.yaml of method fednew
-    results = [json.loads(line) for f in (sweep / "search").glob("*/result.json") for line in f.read_text().splitlines()]
-    assert len({r["trial_id"] for r in results}) == 2 and all(r["pid"] != os.getpid() for r in results)  # worker processes
+    results = [
+        json.loads(line) for f in (sweep / "search").glob("*/result.json") for line in f.read_text().splitlines()
+    ]
+    # worker processes
+    assert len({r["trial_id"] for r in results}) == 2 and all(r["pid"] != os.getpid() for r in results)
     out = invoke("report", sweep, "--out", tmp_path / "report")
     assert out.exit_code == 0, out.output
     runs = pd.read_parquet(tmp_path / "report" / "runs.parquet")
     assert set(runs["title"]) == {"fednew"} and (runs["method"] == fednew).all()
-    assert (runs["backbone"] == str(Path("model.py").resolve()) + ":build").all()  # found by trials in their own directories
+    # found by trials in their own directories
+    assert (runs["backbone"] == str(Path("model.py").resolve()) + ":build").all()
     assert "fednew" in (tmp_path / "report" / "best.md").read_text()
 
 
 def test_a_users_method_gets_its_own_row_in_a_paper_table_beside_the_baselines(tmp_path, fednew):
     run = tmp_path / "runs" / "fednew"
     run.mkdir(parents=True)  # a finished run in GPFL/FedCP's Fashion-MNIST Dir(0.1) cell, as `tuner run` writes it
-    cfg = RunConfig(method=fednew, dataset="fmnist", partition="dir:0.1", clients=20, rounds=2, backbone="cnn4", protocol="pfllib",
-                    lr=0.005, batch_size=10, local_epochs=1, momentum=0.0, weight_decay=0.0, normalize="half", augment=False,
-                    full_last_round=False, groups=5, hparams={"mu": 0.5})  # fmt: skip
+    cfg = RunConfig(
+        method=fednew,
+        dataset="fmnist",
+        partition="dir:0.1",
+        clients=20,
+        rounds=2,
+        backbone="cnn4",
+        protocol="pfllib",
+        lr=0.005,
+        batch_size=10,
+        local_epochs=1,
+        momentum=0.0,
+        weight_decay=0.0,
+        normalize="half",
+        augment=False,
+        full_last_round=False,
+        groups=5,
+        hparams={"mu": 0.5},
+    )
     run.joinpath("config.yaml").write_text(cfg.to_yaml())
-    pd.DataFrame({"round": [1, 2], "acc": [0.5, 0.9], "best_acc": [0.5, 0.9], "time_s": [1.0, 1.0]}).to_parquet(run / "metrics.parquet")
+    pd.DataFrame({"round": [1, 2], "acc": [0.5, 0.9], "best_acc": [0.5, 0.9], "time_s": [1.0, 1.0]}).to_parquet(
+        run / "metrics.parquet"
+    )
     res = invoke("report", tmp_path / "runs", ROOT / "results" / "reproduction", "--out", tmp_path / "report")
     assert res.exit_code == 0, res.output
     tables = pd.read_parquet(tmp_path / "report" / "tables.parquet")
@@ -212,7 +264,9 @@ def write_clients(path: Path, n=480, clients=6, with_split=True, seed=0, **overr
 
 def test_a_parquet_file_with_its_own_clients_runs_as_they_are(tmp_path):
     data = write_clients(tmp_path / "hospitals.parquet")
-    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "2", "--out", tmp_path / "run")
+    res = invoke(
+        "run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "2", "--out", tmp_path / "run"
+    )
     assert res.exit_code == 0, res.output
     cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert cfg["clients"] == 6 and cfg["backbone"] == "mlp" and cfg["dataset"] == str(data)
@@ -225,7 +279,20 @@ def test_a_file_without_clients_takes_any_partition_and_images_get_the_cnn(tmp_p
     rng = np.random.default_rng(1)
     images = tmp_path / "images.npz"
     np.savez(images, x=rng.integers(0, 256, (300, 1, 16, 16), dtype=np.uint8), y=rng.integers(0, 3, 300))
-    res = invoke("run", "fedper", "--dataset", images, "--partition", "dir:0.5", "--clients", "3", "--rounds", "1", "--out", tmp_path / "run")
+    res = invoke(
+        "run",
+        "fedper",
+        "--dataset",
+        images,
+        "--partition",
+        "dir:0.5",
+        "--clients",
+        "3",
+        "--rounds",
+        "1",
+        "--out",
+        tmp_path / "run",
+    )
     assert res.exit_code == 0, res.output
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["backbone"] == "cnn4"
 
@@ -235,7 +302,18 @@ def test_runs_over_files_in_nested_folders_are_reported_with_every_figure_named_
     the stem (a hash of the path tells the two apart), never by the absolute path."""
     for site, seed in (("north", 0), ("south", 1)):
         data = write_clients(tmp_path / "lab" / site / "deep folder" / "wine.parquet", seed=seed)
-        res = invoke("run", "fedper", "--dataset", data, "--partition", "natural", "--rounds", "2", "--out", tmp_path / "runs" / site)
+        res = invoke(
+            "run",
+            "fedper",
+            "--dataset",
+            data,
+            "--partition",
+            "natural",
+            "--rounds",
+            "2",
+            "--out",
+            tmp_path / "runs" / site,
+        )
         assert res.exit_code == 0, res.output
     res = invoke("report", tmp_path / "runs", "--out", tmp_path / "report")
     assert res.exit_code == 0, res.output
@@ -253,7 +331,10 @@ def test_config_yaml_records_the_normalization_applied(tmp_path):
     np.savez(images, x=np.random.default_rng(0).integers(0, 256, (90, 1, 16, 16), dtype=np.uint8), y=np.arange(90) % 3)
     assert RunConfig(dataset=str(features)).resolved().normalize == "none"  # features are used as loaded
     assert RunConfig(dataset=str(images)).resolved().normalize == "half"  # bytes of images: PFLlib's default
-    assert RunConfig(dataset="har").resolved().normalize == "none" and RunConfig(dataset="digits").resolved().normalize == "half"
+    assert (
+        RunConfig(dataset="har").resolved().normalize == "none"
+        and RunConfig(dataset="digits").resolved().normalize == "half"
+    )
 
 
 def test_pfllibs_generated_folders_are_read_as_their_clients(tmp_path):
@@ -286,23 +367,51 @@ def sites(path: Path, small: int, split: bool, small_test: int = 0) -> Path:
 
 
 def run_natural(data: Path, out: Path, *settings: str):
-    return invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "1", "--out", out, *[a for s in settings for a in ("--set", s)])
+    return invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        data,
+        "--partition",
+        "natural",
+        "--rounds",
+        "1",
+        "--out",
+        out,
+        *[a for s in settings for a in ("--set", s)],
+    )
 
 
 def test_a_client_never_scored_is_refused_by_its_own_name_and_the_advice_works(tmp_path):
     """A client with no test sample was left out of every mean without a word (the run said `clients 5`)."""
     res = run_natural(sites(tmp_path / "split.parquet", small=30, split=True), tmp_path / "a", "batch_size=10")
-    assert res.exit_code == 2 and "1 clients have no test sample and would never be scored (client siteE); give those clients rows whose split is test" in " ".join(res.output.split()), res.output
-    res = run_natural(sites(tmp_path / "fixed.parquet", small=30, split=True, small_test=5), tmp_path / "b", "batch_size=10")
+    assert (
+        res.exit_code == 2
+        and "1 clients have no test sample and would never be scored (client siteE); give those clients rows "
+        "whose split is test"
+        in " ".join(res.output.split())
+    ), res.output
+    res = run_natural(
+        sites(tmp_path / "fixed.parquet", small=30, split=True, small_test=5), tmp_path / "b", "batch_size=10"
+    )
     assert res.exit_code == 0, res.output  # the advice: test rows for siteE
     tiny = sites(tmp_path / "tiny.parquet", small=1, split=False)  # no split: 25 % of siteE's one row rounds to none
     res = run_natural(tiny, tmp_path / "c", "batch_size=1")
-    assert res.exit_code == 2 and "(client siteE); leave such small clients out with --set min_samples=N" in " ".join(res.output.split()), res.output
+    assert res.exit_code == 2 and "(client siteE); leave such small clients out with --set min_samples=N" in " ".join(
+        res.output.split()
+    ), res.output
     res = run_natural(tiny, tmp_path / "d", "batch_size=1", "min_samples=2")
-    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "d" / "config.yaml").read_text())["clients"] == 4, res.output
-    small = sites(tmp_path / "small.parquet", small=6, split=False)  # siteE: 4 training rows, of which 10 % rounds to none
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "d" / "config.yaml").read_text())["clients"] == 4, (
+        res.output
+    )
+    # siteE: 4 training rows, of which 10 % rounds to none
+    small = sites(tmp_path / "small.parquet", small=6, split=False)
     res = run_natural(small, tmp_path / "e", "batch_size=3", "val_frac=0.1")
-    assert res.exit_code == 2 and "no validation sample and would never be scored (client siteE); raise val_frac above 0.1" in " ".join(res.output.split()), res.output
+    assert (
+        res.exit_code == 2
+        and "no validation sample and would never be scored (client siteE); raise val_frac above 0.1"
+        in " ".join(res.output.split())
+    ), res.output
     assert run_natural(small, tmp_path / "f", "batch_size=3", "val_frac=0.2").exit_code == 0  # each advice, as given
     assert run_natural(small, tmp_path / "g", "batch_size=3", "val_frac=0.1", "min_samples=5").exit_code == 0
 
@@ -311,13 +420,38 @@ def test_a_natural_client_too_small_for_a_batch_gets_advice_that_works_there(tmp
     data = sites(tmp_path / "sites.parquet", small=6, split=True, small_test=3)
     res = run_natural(data, tmp_path / "a", "batch_size=10")
     words = " ".join(res.output.split())
-    assert res.exit_code == 2 and "1 of its 5 clients have fewer training samples than one batch of 10 (the fewest: client siteE, 6)" in words, res.output
-    assert "use batch_size=6 or less, or leave such clients out with --set min_samples=10" in words and "fewer clients" not in words
+    assert (
+        res.exit_code == 2
+        and "1 of its 5 clients have fewer training samples than one batch of 10 (the fewest: client siteE, 6)" in words
+    ), res.output
+    assert (
+        "use batch_size=6 or less, or leave such clients out with --set min_samples=10" in words
+        and "fewer clients" not in words
+    )
     assert run_natural(data, tmp_path / "b", "batch_size=6").exit_code == 0  # each advice, as given
     res = run_natural(data, tmp_path / "c", "batch_size=10", "min_samples=10")
-    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "c" / "config.yaml").read_text())["clients"] == 4, res.output
-    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--clients", "5", "--set", "min_samples=10", "--out", tmp_path / "d")
-    assert res.exit_code == 2 and "holds 4 clients (1 of its 5 have fewer than min_samples=10 training samples)" in " ".join(res.output.split())
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "c" / "config.yaml").read_text())["clients"] == 4, (
+        res.output
+    )
+    res = invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        data,
+        "--partition",
+        "natural",
+        "--clients",
+        "5",
+        "--set",
+        "min_samples=10",
+        "--out",
+        tmp_path / "d",
+    )
+    assert (
+        res.exit_code == 2
+        and "holds 4 clients (1 of its 5 have fewer than min_samples=10 training samples)"
+        in " ".join(res.output.split())
+    )
 
 
 def pfllib_folder(root: Path, clients: list[int], config: dict | None = None, text: bool = False) -> Path:
@@ -326,7 +460,11 @@ def pfllib_folder(root: Path, clients: list[int], config: dict | None = None, te
     for split in ("train", "test"):
         (root / split).mkdir(parents=True, exist_ok=True)
         for i in clients:
-            x = [(rng.integers(1, 50, 8), 8) for _ in range(12)] if text else rng.normal(size=(12, 6)).astype(np.float32)
+            x = (
+                [(rng.integers(1, 50, 8), 8) for _ in range(12)]
+                if text
+                else rng.normal(size=(12, 6)).astype(np.float32)
+            )
             np.savez_compressed(root / split / f"{i}.npz", data={"x": x, "y": np.arange(12) % 3})
     if config is not None:
         (root / "config.json").write_text(json.dumps({"non_iid": True, "balance": False, "partition": "dir", **config}))
@@ -334,27 +472,71 @@ def pfllib_folder(root: Path, clients: list[int], config: dict | None = None, te
 
 
 PFLLIB_MISTAKES = {  # what the folder holds, config.json, the sentence
-    "a client file missing from both splits": ([0, 1, 2, 3], {"num_clients": 5, "num_classes": 3}, "train/ lacks 4.npz (config.json says 5 clients)"),
-    "a gap in the numbering": ([0, 1, 2, 3, 7], None, "train/ lacks 4.npz, 5.npz, 6.npz (clients are numbered 0 ... 7)"),
-    "more files than config.json says": ([0, 1, 2], {"num_clients": 2, "num_classes": 3}, "config.json says 2 clients, but it holds 2.npz"),
-    "classes config.json does not hold": ([0, 1], {"num_clients": 2, "num_classes": 12}, "config.json says num_classes 12, but the clients' labels run 0 ... 2 (3 classes)"),
+    "a client file missing from both splits": (
+        [0, 1, 2, 3],
+        {"num_clients": 5, "num_classes": 3},
+        "train/ lacks 4.npz (config.json says 5 clients)",
+    ),
+    "a gap in the numbering": (
+        [0, 1, 2, 3, 7],
+        None,
+        "train/ lacks 4.npz, 5.npz, 6.npz (clients are numbered 0 ... 7)",
+    ),
+    "more files than config.json says": (
+        [0, 1, 2],
+        {"num_clients": 2, "num_classes": 3},
+        "config.json says 2 clients, but it holds 2.npz",
+    ),
+    "classes config.json does not hold": (
+        [0, 1],
+        {"num_clients": 2, "num_classes": 12},
+        "config.json says num_classes 12, but the clients' labels run 0 ... 2 (3 classes)",
+    ),
 }
 
 
 @pytest.mark.parametrize("mistake", list(PFLLIB_MISTAKES))
 def test_a_pfllib_folder_is_checked_against_its_config_json_in_one_sentence(tmp_path, mistake):
     clients, config, words = PFLLIB_MISTAKES[mistake]
-    res = invoke("run", "fedavg", "--dataset", pfllib_folder(tmp_path / "data", clients, config), "--partition", "natural", "--out", tmp_path / "run")
+    res = invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        pfllib_folder(tmp_path / "data", clients, config),
+        "--partition",
+        "natural",
+        "--out",
+        tmp_path / "run",
+    )
     assert res.exit_code == 2 and words in " ".join(res.output.split()), res.output
 
 
 def test_a_pfllib_folder_whose_config_json_agrees_runs_and_text_is_refused_in_one_sentence(tmp_path):
     data = pfllib_folder(tmp_path / "ok", [0, 1, 2], {"num_clients": 3, "num_classes": 3})
-    res = invoke("run", "fedavg", "--dataset", data, "--partition", "natural", "--rounds", "1", "--set", "batch_size=4", "--out", tmp_path / "run")
-    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["clients"] == 3, res.output
+    res = invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        data,
+        "--partition",
+        "natural",
+        "--rounds",
+        "1",
+        "--set",
+        "batch_size=4",
+        "--out",
+        tmp_path / "run",
+    )
+    assert res.exit_code == 0 and yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["clients"] == 3, (
+        res.output
+    )
     text = pfllib_folder(tmp_path / "news", [0, 1], {"num_clients": 2, "num_classes": 3}, text=True)
     res = invoke("run", "fedavg", "--dataset", text, "--partition", "natural", "--out", tmp_path / "run2")
-    assert res.exit_code == 2 and "holds PFLlib's text format (each x a (tokens, length) pair), which is not read" in " ".join(res.output.split()), res.output
+    assert (
+        res.exit_code == 2
+        and "holds PFLlib's text format (each x a (tokens, length) pair), which is not read"
+        in " ".join(res.output.split())
+    ), res.output
 
 
 # ---------------------------------------------------------------- every mistake: one sentence, exit 2
@@ -369,14 +551,25 @@ def bad_method(tmp_path: Path, source: str) -> str:
 METHOD_MISTAKES = {
     "not a Method": ("class Bad:\n    name = 'bad'\n", "subclass algorithms.Method"),
     "no name": ("from algorithms import Method\nclass Bad(Method):\n    pass\n", "no name of its own"),
-    "a built-in's name": ("from algorithms import Method\nclass Bad(Method):\n    name = 'fedavg'\n", "like a built-in"),
+    "a built-in's name": (
+        "from algorithms import Method\nclass Bad(Method):\n    name = 'fedavg'\n",
+        "like a built-in",
+    ),
     "a hyperparameter without default": (
         "from dataclasses import dataclass\nfrom algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n"
-        "    @dataclass\n    class Hparams:\n        mu: float\n", "mu has no default"),
-    "a file that does not import": ("import numpy\nraise RuntimeError('half-written')\n", "line 2: RuntimeError: half-written"),
+        "    @dataclass\n    class Hparams:\n        mu: float\n",
+        "mu has no default",
+    ),
+    "a file that does not import": (
+        "import numpy\nraise RuntimeError('half-written')\n",
+        "line 2: RuntimeError: half-written",
+    ),
     "a syntax error": ("class Bad(:\n", "does not import: line 1"),
-    "a hook without its pass": ("from algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n    def begin_local(self, c, s, st, at):\n        return c\n",
-                                "does not declare Passes(begin_local=True)"),
+    "a hook without its pass": (
+        "from algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n    def begin_local(self, c, s, "
+        "st, at):\n        return c\n",
+        "does not declare Passes(begin_local=True)",
+    ),
     "no such class": ("x = 1\n", "defines no 'Bad'"),
 }
 
@@ -390,12 +583,21 @@ def test_a_mistaken_method_is_one_sentence(tmp_path, mistake):
 
 BACKBONE_MISTAKES = {
     "no body": ("from torch import nn\ndef build(shape, k):\n    return nn.Linear(64, k)\n", "missing: body, head"),
-    "no feature_dim": ("from torch import nn\ndef build(shape, k):\n    m = nn.Module()\n    m.body, m.head = nn.Flatten(), nn.Linear(64, k)\n    return m\n",
-                       "needs feature_dim"),
-    "a wrong feature_dim": ("from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
-                            "    return Backbone(nn.Sequential(nn.Flatten(), nn.Linear(64, 32)), nn.Linear(32, k), feature_dim=16)\n", "not (16,)"),
-    "a head of the wrong size": ("from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
-                                 "    return Backbone(nn.Flatten(), nn.Linear(64, 3), feature_dim=64)\n", "not the data's 10 classes"),
+    "no feature_dim": (
+        "from torch import nn\ndef build(shape, k):\n    m = nn.Module()\n    m.body, m.head = nn.Flatten(), "
+        "nn.Linear(64, k)\n    return m\n",
+        "needs feature_dim",
+    ),
+    "a wrong feature_dim": (
+        "from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
+        "    return Backbone(nn.Sequential(nn.Flatten(), nn.Linear(64, 32)), nn.Linear(32, k), feature_dim=16)\n",
+        "not (16,)",
+    ),
+    "a head of the wrong size": (
+        "from torch import nn\nfrom tuner.models import Backbone\ndef build(shape, k):\n"
+        "    return Backbone(nn.Flatten(), nn.Linear(64, 3), feature_dim=64)\n",
+        "not the data's 10 classes",
+    ),
     "not a function": ("build = 3\n", "is not a function"),
 }
 
@@ -412,10 +614,17 @@ DATA_MISTAKES = {
     "labels not integers": (dict(y=np.full(480, 0.5)), [], "integer class labels"),
     "labels as words": (dict(y=["cat"] * 480), [], "integer class labels"),
     "NaN in x": (dict(x=[np.full(12, np.nan)] * 480), [], "NaN"),
-    "shapes that differ": (dict(x=[np.zeros(12 if i else 5) for i in range(480)]), [], "every sample must have one shape"),
+    "shapes that differ": (
+        dict(x=[np.zeros(12 if i else 5) for i in range(480)]),
+        [],
+        "every sample must have one shape",
+    ),
     "a split of other values": (dict(split=["train", "validation"] * 240), [], "split holds 'validation'"),
-    "a client without training samples": (dict(split=["test" if i % 6 == 5 else "train" for i in range(480)]), ["--partition", "natural"],
-                                          "client hospital-5 has no training samples"),
+    "a client without training samples": (
+        dict(split=["test" if i % 6 == 5 else "train" for i in range(480)]),
+        ["--partition", "natural"],
+        "client hospital-5 has no training samples",
+    ),
     "clients that contradict the data": ({}, ["--partition", "natural", "--clients", "4"], "holds 6 clients"),
 }
 
@@ -424,7 +633,17 @@ DATA_MISTAKES = {
 def test_mistaken_data_is_one_sentence(tmp_path, mistake):
     columns, args, words = DATA_MISTAKES[mistake]
     data = write_clients(tmp_path / "data.parquet", **columns)
-    res = invoke("run", "fedavg", "--dataset", data, *(args or ["--partition", "iid", "--clients", "3"]), "--rounds", "1", "--out", tmp_path / "run")
+    res = invoke(
+        "run",
+        "fedavg",
+        "--dataset",
+        data,
+        *(args or ["--partition", "iid", "--clients", "3"]),
+        "--rounds",
+        "1",
+        "--out",
+        tmp_path / "run",
+    )
     assert res.exit_code == 2 and words in res.output, res.output
 
 
@@ -443,7 +662,8 @@ def test_other_data_mistakes_are_one_sentence(tmp_path):
     for args, words in cases:
         res = invoke("run", "fedavg", *args, "--rounds", "1", "--out", tmp_path / "run")
         assert res.exit_code == 2 and words in res.output, (args, res.output)
-    res = invoke("run", f"{ROOT}/examples/fedbn.py:FedBN", *DIGITS, "--out", tmp_path / "run")  # a backbone without BatchNorm
+    # a backbone without BatchNorm
+    res = invoke("run", f"{ROOT}/examples/fedbn.py:FedBN", *DIGITS, "--out", tmp_path / "run")
     assert res.exit_code == 2 and "has none" in res.output, res.output
 
 
@@ -455,7 +675,8 @@ def test_reproduce_runs_a_users_method_in_every_setting_of_a_table(fednew, monke
     mine, _ = reproduce.cells("gpfl-table1", ["fmnist"], [fednew])
     settings = lambda cells: [{k: v for k, v in c.items() if k != "method"} for c in cells]  # noqa: E731
     assert {c["method"] for c in mine} == {fednew}
-    assert sorted(map(str, settings(mine))) == sorted(set(map(str, settings(table))))  # each of the table's settings, once
+    # each of the table's settings, once
+    assert sorted(map(str, settings(mine))) == sorted(set(map(str, settings(table))))
 
 
 def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_path, monkeypatch):
@@ -468,7 +689,13 @@ def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_pa
     runpy.run_path(str(ROOT / "examples" / "make_sites.py"))
     for method in ("fedavg", "fedper"):
         cfg = load_space(ROOT / "examples" / "sites.yaml", method).base_config()
-        assert (cfg.method, cfg.dataset, cfg.clients, cfg.normalize, cfg.val_frac) == (method, str(tmp_path / "sites.parquet"), 6, "none", 0.1)
+        assert (cfg.method, cfg.dataset, cfg.clients, cfg.normalize, cfg.val_frac) == (
+            method,
+            str(tmp_path / "sites.parquet"),
+            6,
+            "none",
+            0.1,
+        )
     data = build_simulation(replace(cfg, rounds=1)).data
     assert [int((c > 0).sum()) for c in data.label_counts()] == [2] * 6  # each site sees two of the four classes
 
@@ -490,6 +717,9 @@ def test_the_own_code_pages_example_tables_and_figures_are_the_committed_reports
     sites = pd.read_parquet(root / "results/examples/sites/runs.parquet")
     fedper = sites[sites["method"] == "fedper"]
     ties = (fedper["val_acc"] == fedper["val_acc"].max()).sum()
-    assert f"{['no', 'one', 'two', 'three', 'four', 'five', 'six'][ties]} of FedPer's six trials tie at {100 * fedper['val_acc'].max():.2f} %" in flat
+    assert (
+        f"{['no', 'one', 'two', 'three', 'four', 'five', 'six'][ties]} of FedPer's six trials tie at "
+        f"{100 * fedper['val_acc'].max():.2f} %" in flat
+    )
     chosen = pd.read_parquet(root / "results/examples/sites/best.parquet").set_index("method")["selected_acc"] * 100
     assert f"FedPer's head of its own gains {chosen['FedPer'] - chosen['FedAvg']:.0f} points over FedAvg" in flat

@@ -23,7 +23,9 @@ def write_idx(path: Path, array: np.ndarray, compress: bool) -> None:
         path.write_bytes(data)
 
 
-def write_mnist_like(folder: Path, prefix: str = "", n_train: int = 12, n_test: int = 8, classes: int = 10, compress: bool = True) -> None:
+def write_mnist_like(
+    folder: Path, prefix: str = "", n_train: int = 12, n_test: int = 8, classes: int = 10, compress: bool = True
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("test", n_test)):
         stem = f"{prefix}-{split}" if prefix else ("train" if split == "train" else "t10k")
@@ -36,7 +38,11 @@ def write_cifar(root: Path, classes: int, per_file: int) -> None:
     batches.meta (CIFAR-10), or train and test with meta (CIFAR-100). Their md5 is not the release's: a test
     reading them lets torchvision's check pass (`accept_written_cifar`)."""
     if classes == 10:
-        base, names, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], "labels"
+        base, names, key = (
+            root / "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"],
+            "labels",
+        )
         meta = ("batches.meta", "label_names")
     else:
         base, names, key = root / "cifar-100-python", ["train", "test"], "fine_labels"
@@ -44,7 +50,13 @@ def write_cifar(root: Path, classes: int, per_file: int) -> None:
     base.mkdir(parents=True, exist_ok=True)
     for name in names:
         with open(base / name, "wb") as f:
-            pickle.dump({"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8), key: [i % classes for i in range(per_file)]}, f)
+            pickle.dump(
+                {
+                    "data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+                    key: [i % classes for i in range(per_file)],
+                },
+                f,
+            )
     (base / meta[0]).write_bytes(pickle.dumps({meta[1]: [str(i) for i in range(classes)]}))
 
 
@@ -83,10 +95,27 @@ def write_cinic10(root: Path, per_class: int) -> None:
 
 def write_agnews(root: Path, per_class: int) -> None:
     """The CSV release: "class","title","description", classes numbered from 1."""
-    words = ["market", "stocks", "peace", "talks", "chip", "team", "wins", "rates", "launch", "vote", "match", "science"]
+    words = [
+        "market",
+        "stocks",
+        "peace",
+        "talks",
+        "chip",
+        "team",
+        "wins",
+        "rates",
+        "launch",
+        "vote",
+        "match",
+        "science",
+    ]
     root.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", per_class), ("test", max(1, per_class // 4))):
-        rows = [f'"{c + 1}","{" ".join(rng.choice(words, 3))}","{" ".join(rng.choice(words, 12))}"' for c in range(4) for _ in range(n)]
+        rows = [
+            f'"{c + 1}","{" ".join(rng.choice(words, 3))}","{" ".join(rng.choice(words, 12))}"'
+            for c in range(4)
+            for _ in range(n)
+        ]
         (root / f"{split}.csv").write_text("\n".join(rows) + "\n")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -26,7 +26,7 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
         raise UserError(f"Setting {name} must be {kind_in_words(hint)}, not {value!r}.") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _adapter(hint: Any) -> TypeAdapter:
     config = ConfigDict(coerce_numbers_to_str=True, allow_inf_nan=False, arbitrary_types_allowed=True)
     return TypeAdapter(hint, config=config)

@@ -1,8 +1,21 @@
-"""When `engine=auto` compiles a run's training steps: where the rounds that will run its programs repay compiling
-them, from the break-evens measured on a CPU and on CUDA."""
+"""The compile policy, in one room: when `engine=auto` compiles (the rounds that repay compiling, measured on a CPU
+and on CUDA: `auto_engine`), how a program is compiled (`compile_program`: fixed shapes, CUDA graphs on a GPU),
+under which Inductor configuration and how a failed compile is retried (`Program`, `INDUCTOR_CONFIGS`, remembered
+for the process in `NEEDED` and `SHAPES_NEEDED`), what ran (`Ran`, so a figure labelled compiled is never an eager
+run's) and where the compiled programs are kept (`use_cache`). A program that no configuration compiles raises to
+its executor, which goes on eager (tuner/executors.py, `compile_failed`); the steps themselves are tuner/steps.py's."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tuner.errors import first_sentence
 
 # Rounds on a CPU from which compiling repays itself: what a round saves depends on how much of it is small
 # operations, so the break-even is the backbone's. Set from runs of bench/compile_once.py (the small setting: GPFL,
@@ -29,3 +42,159 @@ def auto_engine(device: str, rounds: int, backbone: str, method: str) -> str:
         needed = CUDA_COMPILE_ROUNDS.get((method, backbone))
         return "compiled" if needed is not None and rounds >= needed else "eager"
     return "compiled" if rounds >= CPU_COMPILE_ROUNDS.get(backbone, max(CPU_COMPILE_ROUNDS.values())) else "eager"
+
+
+# Inductor configurations a program is compiled under, in turn, until one compiles. Loop reordering after fusion
+# runs on GPUs only, and there torch 2.11's scheduler fails for most methods' steps (`reorder_loops_by_dep_pair`:
+# `assert isinstance(snode, SchedulerNode)`; docs/performance.md, "On a GPU"); with it off they compile.
+INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
+    ("torch's default Inductor configuration", {}),
+    ("loop ordering after fusion off", {"loop_ordering_after_fusion": False}),
+)
+# The configuration a program of a name (a method's steps, ...) compiled under on a kind of device after the
+# default failed, for the process: a sweep's next trial in the same worker compiles under it at once rather than
+# failing again (seconds a trial).
+NEEDED: dict[tuple[str, str], int] = {}
+# The configuration each shape of a name's programs compiled under, where a later shape's retry may leave it: a
+# retry keeps those programs, for the run and for the process's later runs (dynamo keeps a program for its own
+# configuration only: called under the retry's, the shape compiles again, 2 programs and 22 s for FedAvg's second
+# trial on an H200, results/gpu/README.md).
+SHAPES_NEEDED: dict[tuple[str, str], dict[tuple, int]] = {}
+
+
+@dataclass
+class Ran:
+    """What a run's engine did, counted as it ran: each round's `engine` column, the tests and the benches read it,
+    so that a figure labelled compiled is never an eager run's."""
+
+    compiled_steps: int = 0  # training steps a compiled program ran
+    eager_steps: int = 0  # ... that ran eagerly (engine=eager, or after compiling failed)
+    compiled_batches: int = 0  # evaluation and statistics batches, likewise
+    eager_batches: int = 0
+    programs: int = 0  # programs dynamo compiled while this run's programs were called
+    config: int = 0  # the Inductor configuration (INDUCTOR_CONFIGS) the run compiles under now
+    retries: int = 0  # compiles that failed and were tried again under the next configuration
+    failed: str = ""  # why compiling failed under every configuration (the run went on eager); "" if it did not
+    failure: str = ""  # ... the error's whole text, its last 1500 characters (a subprocess's traceback ends there)
+    # calls of programs that run as CUDA graphs (each shape's first two warm up and record; the rest replay)
+    graph_calls: int = 0
+    # programs CUDA graphs refused (Inductor's count: mutated inputs it does not own, CPU tensors, ...)
+    graph_skips: int = 0
+
+    def since(self, earlier: Ran) -> str:
+        """How the work counted since `earlier` ran, in a word or three (a round's `engine` column)."""
+        compiled = self.compiled_steps + self.compiled_batches - earlier.compiled_steps - earlier.compiled_batches
+        eager = self.eager_steps + self.eager_batches - earlier.eager_steps - earlier.eager_batches
+        label = "compiled" if self.config == 0 else f"compiled, {INDUCTOR_CONFIGS[self.config][0]}"
+        if compiled and eager:
+            return f"{label}, then eager"
+        return label if compiled else "eager"
+
+    def not_compiled(self) -> str:
+        """What of the counted work did not run compiled, as a clause ("" when all of it did): a figure or a check
+        labelled compiled is refused on it."""
+        if self.failed:
+            return f"went on eager: compiling failed ({self.failed})"
+        if self.eager_steps or self.eager_batches:
+            return f"ran {self.eager_steps} steps and {self.eager_batches} batches eager"
+        return "" if self.compiled_steps or self.compiled_batches else "ran nothing compiled"
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {first_sentence(error)[:200]}"
+
+
+class Program:
+    """`fn` compiled with fixed shapes (a new shape is a new program of the same wrapper), on CUDA with CUDA graphs,
+    under the run's Inductor configuration (`ran.config`). A compile that fails is tried again under the next
+    configuration, which the run keeps for its later programs, and the process's later runs for theirs (`NEEDED`);
+    the shapes it had compiled before keep their programs (`SHAPES_NEEDED`). After the last configuration, the error
+    is raised to the caller, which goes on eager. Counts the programs dynamo compiled and the calls CUDA graphs ran
+    or refused."""
+
+    def __init__(self, fn: Callable, device: torch.device, ran: Ran, name: str):
+        self.fn, self.device, self.ran, self.name = fn, device, ran, name
+        self.compiled: dict[int, Callable] = {}  # fn compiled under each Inductor configuration it has run under
+        self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
+        ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
+
+    def __call__(self, *args):
+        config = self.ran.config
+        kept = SHAPES_NEEDED.get((self.name, self.device.type))
+        # after a retry (this run's or the process's): shapes compiled before it
+        if kept and min(kept.values()) < config:
+            config = kept.get(call_shapes(args), config)
+        while True:
+            if config not in self.compiled:
+                self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
+            # here: importing dynamo costs seconds, and a sweep's or report's own process trains nothing
+            from torch._dynamo.utils import (
+                counters,
+            )
+
+            programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+            try:
+                out = self.compiled[config](*args)
+            except compile_errors() as e:  # nothing was written yet: a failed compile runs nothing
+                if config + 1 == len(INDUCTOR_CONFIGS):
+                    raise
+                self.ran.config, self.ran.retries = max(self.ran.config, config + 1), self.ran.retries + 1
+                say(
+                    f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[config][0]} ({first_line(e)}); "
+                    f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}."
+                )
+                config = self.ran.config
+                continue
+            if config:  # compiled, under a configuration the default failed for: the process's later runs start from it
+                NEEDED[self.name, self.device.type] = config
+            compiled = counters["stats"]["unique_graphs"] - programs
+            if compiled and config + 1 < len(INDUCTOR_CONFIGS):
+                SHAPES_NEEDED.setdefault((self.name, self.device.type), {})[call_shapes(args)] = config
+            self.ran.programs += compiled
+            if counters["inductor"]["cudagraph_skips"] > skips:
+                self.graphed = False
+                self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
+            self.ran.graph_calls += self.graphed
+            return out
+
+
+def call_shapes(args: tuple) -> tuple:
+    """What tells a call's programs apart: the shapes of its tensors (a program is compiled for fixed shapes)."""
+    return tuple(
+        tuple((k, v.shape) for k, v in a.items()) if isinstance(a, dict) else getattr(a, "shape", a) for a in args
+    )
+
+
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What torch.compile raises when it cannot make a program (no C++ compiler, an unsupported operation, a
+    backend's failure); a method's own error raises again in the eager step that follows."""
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return TorchDynamoException, CppCompileError
+
+
+def compile_program(fn: Callable, device: torch.device, config: dict) -> Callable:
+    """torch.compile with fixed shapes (a new shape is a new program, never a dynamic one), under the Inductor
+    configuration `config`; CUDA graphs on a GPU (what mode="reduce-overhead" asks for).
+
+    Every program of every run shares one code object (pure_step's, or vmap's), and a process running many
+    trials of several methods keeps a program per method, phase and padded shape, so dynamo's limit of 8
+    programs a code object is raised, and reaching it fails rather than falling back to eager unseen."""
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=False, options={"triton.cudagraphs": device.type == "cuda", **config})
+
+
+COMPILE_CACHE = ".compile-cache"  # beside the sweeps of one storage, so later sweeps find their programs compiled
+
+
+def use_cache(folder: str | Path) -> None:
+    """Keep this process's compiled programs in `folder` (torch's on-disk caches), shared by a sweep's trials and
+    found again by later sweeps."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read by torch's inductor at each cache look-up

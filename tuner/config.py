@@ -7,28 +7,26 @@ that is neither a run setting nor a hyperparameter of the method is refused.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, get_type_hints
 
 import torch
 import yaml
 
 from algorithms.base import Unsupported, hparam_names
+from tuner.coercion import coerce
+from tuner.compile import auto_engine
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
 from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import natural_clients, parse_partition
-from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
-from tuner.executors import ENGINES, EXECUTORS
-from tuner.compile import auto_engine
-from tuner.errors import UserError
-from tuner.files import user_path
-from tuner.coercion import coerce
 from tuner.data.user_data import is_user_data, load_user_data
+from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
+from tuner.errors import UserError
+from tuner.executors import ENGINES, EXECUTORS
+from tuner.files import user_path
 from tuner.models import BACKBONES, backbone_for
 from tuner.papers import home_protocol
 from tuner.plugins import canonical, is_reference, method_class
-
 
 DTYPES = ("float32", "float64")
 DEFAULT_CLIENTS = 20  # the papers' federation
@@ -92,13 +90,14 @@ class RunConfig:
     engine: str = "auto"  # how a training step runs: eager or compiled; auto: auto_engine's rule for the device
     device: str = "auto"
     deterministic: bool = False  # torch.use_deterministic_algorithms, so a CUDA run resumes bit for bit
-    dtype: str = "float32"  # float64: exact comparisons (executor equality, resume) where rounding must not pass for a mismatch
+    # float64: exact comparisons (executor equality, resume) where rounding must not pass for a mismatch
+    dtype: str = "float32"
     cohort_chunk: int = 0
     eval_batch: int = 256
     checkpoint_every: int = 50
     hparams: dict[str, Any] = field(default_factory=dict)
 
-    def resolved(self) -> "RunConfig":
+    def resolved(self) -> RunConfig:
         """The run this configuration describes: every unset setting filled from the papers' table
         (tuner/defaults.py), the device and executor decided, every value checked. Done once: the
         result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
@@ -110,7 +109,10 @@ class RunConfig:
         if protocol not in PROTOCOLS:
             raise UserError(f"Unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}.")
         if self.backbone is not None and self.backbone not in BACKBONES and not is_reference(self.backbone):
-            raise UserError(f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}, or name your own as path/to/file.py:function.")
+            raise UserError(
+                f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}, or name your own "
+                "as path/to/file.py:function."
+            )
         parse_partition(self.partition)
         self.join_range()
         table = paper_defaults(protocol, method.family or method.name, dataset, backbone)
@@ -120,21 +122,42 @@ class RunConfig:
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
         run["backbone"] = canonical(run["backbone"])
-        engine = auto_engine(device, self.rounds, run["backbone"], canonical(self.method)) if self.engine == "auto" else self.engine
+        engine = (
+            auto_engine(device, self.rounds, run["backbone"], canonical(self.method))
+            if self.engine == "auto"
+            else self.engine
+        )
         run["normalize"] = self._normalization(dataset, run["normalize"])
-        out = replace(self, method=canonical(self.method), dataset=dataset, clients=clients, protocol=protocol, **run, device=device, executor=executor,
-                      engine=engine, hparams=hp)._checked()  # fmt: skip
+        out = replace(
+            self,
+            method=canonical(self.method),
+            dataset=dataset,
+            clients=clients,
+            protocol=protocol,
+            **run,
+            device=device,
+            executor=executor,
+            engine=engine,
+            hparams=hp,
+        )._checked()
         object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
         return out
 
     def _data_settings(self) -> tuple[str, int, str | None]:
-        """The dataset (a user's: its absolute path), the federation's size and the backbone where the data decides them."""
+        """The dataset (a user's: its absolute path), the federation's size and the backbone where the data
+        decides them."""
         natural = parse_partition(self.partition)[0] == "natural"
         if not is_user_data(self.dataset):
             if self.dataset not in LOADERS:
-                raise UserError(f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}, or give a path to your own (.parquet, .npz, PFLlib folder).")
+                raise UserError(
+                    f"Unknown dataset '{self.dataset}'; choose one of {', '.join(LOADERS)}, or give a path to "
+                    "your own (.parquet, .npz, PFLlib folder)."
+                )
             if natural:
-                raise UserError(f"Partition natural keeps the clients a user's data names; {self.dataset} names none: choose iid, pat:N, dir:BETA or pac:S.")
+                raise UserError(
+                    f"Partition natural keeps the clients a user's data names; {self.dataset} names none: "
+                    "choose iid, pat:N, dir:BETA or pac:S."
+                )
             return self.dataset, DEFAULT_CLIENTS if self.clients is None else self.clients, self.backbone
         dataset = str(user_path(self.dataset))
         ds = load_user_data(dataset)
@@ -142,15 +165,28 @@ class RunConfig:
         if not natural:
             return dataset, DEFAULT_CLIENTS if self.clients is None else self.clients, backbone
         if ds.owners is None:
-            raise UserError(f"Partition natural keeps the data's own clients, and {dataset} has no client column; add one or choose iid, pat:N or dir:BETA.")
+            raise UserError(
+                f"Partition natural keeps the data's own clients, and {dataset} has no client column; add one "
+                "or choose iid, pat:N or dir:BETA."
+            )
         kept = natural_clients(ds.owners, ds.is_train, self.train_frac, self.min_samples or 0)
         total = int(ds.owners.max()) + 1
         if not kept:
-            raise UserError(f"Every client of {dataset} has fewer than min_samples={self.min_samples} training samples; lower min_samples.")
+            raise UserError(
+                f"Every client of {dataset} has fewer than min_samples={self.min_samples} training samples; "
+                "lower min_samples."
+            )
         if self.clients not in (None, len(kept)):
-            left_out = f" ({total - len(kept)} of its {total} have fewer than min_samples={self.min_samples} training samples)" if len(kept) < total else ""
-            raise UserError(f"{dataset} holds {len(kept)} clients{left_out}, so partition natural runs {len(kept)}, not clients={self.clients}; "
-                            "leave clients unset.")  # fmt: skip
+            left_out = (
+                f" ({total - len(kept)} of its {total} have fewer than min_samples={self.min_samples} training samples)"
+                if len(kept) < total
+                else ""
+            )
+            raise UserError(
+                f"{dataset} holds {len(kept)} clients{left_out}, so partition natural runs {len(kept)}, not "
+                f"clients={self.clients}; "
+                "leave clients unset."
+            )
         return dataset, len(kept), backbone
 
     def _normalization(self, dataset: str, chosen: str) -> str:
@@ -159,12 +195,18 @@ class RunConfig:
             raise UserError(f"Unknown normalize '{self.normalize}'; choose one of {', '.join(NORMALIZATIONS)}.")
         takes = takes_normalization(load_user_data(dataset)) if is_user_data(dataset) else dataset not in AS_LOADED
         if takes and self.normalize == "none":
-            raise UserError(f"{dataset} holds images stored as bytes, which the backbones take normalized: set normalize to half or dataset, or leave it unset.")
+            raise UserError(
+                f"{dataset} holds images stored as bytes, which the backbones take normalized: set normalize "
+                "to half or dataset, or leave it unset."
+            )
         if not takes and self.normalize not in (None, "none"):
-            raise UserError(f"normalize {self.normalize} applies to images stored as bytes, and {dataset}'s inputs are used as loaded: leave normalize unset.")
+            raise UserError(
+                f"normalize {self.normalize} applies to images stored as bytes, and {dataset}'s inputs are "
+                "used as loaded: leave normalize unset."
+            )
         return chosen if takes else "none"
 
-    def _checked(self) -> "RunConfig":
+    def _checked(self) -> RunConfig:
         for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
@@ -172,7 +214,9 @@ class RunConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"Setting {name} cannot be negative, not {getattr(self, name)}.")
         if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
-            raise UserError(f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}.")
+            raise UserError(
+                f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}."
+            )
         if self.shift not in SHIFTS:
             raise UserError(f"Unknown shift '{self.shift}'; choose one of {', '.join(SHIFTS)}.")
         if self.dtype not in DTYPES:
@@ -248,7 +292,10 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
         if not eq or not name.strip():
             raise UserError(f"--set '{pair}' must look like name=value.")
         if not value.strip():  # an empty value is a slip, not a request for the default
-            raise UserError(f"--set '{pair}' gives {name.strip()} no value; write {name.strip()}=VALUE, or leave it out for the default.")
+            raise UserError(
+                f"--set '{pair}' gives {name.strip()} no value; write {name.strip()}=VALUE, or leave it out "
+                "for the default."
+            )
         out[name.strip()] = yaml.safe_load(value)
     return out
 
@@ -265,7 +312,8 @@ def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> Run
     resolved = _resolution(cfg)
     if isinstance(resolved, RunConfig):
         return resolved
-    blamed = next((source for source, partial in applied if str(_resolution(partial)) == str(resolved)), None)  # the first layer it follows
+    # the first layer it follows
+    blamed = next((source for source, partial in applied if str(_resolution(partial)) == str(resolved)), None)
     raise UserError(f"{blamed}: {resolved}" if blamed else str(resolved)) from None
 
 

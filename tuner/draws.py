@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
 # Streams: which part of a round a draw belongs to (a training phase p of a round is stream p).
 FINE_TUNE_STREAM = 1000  # evaluation-time fine-tuning's phases, apart from training's
 STATISTICS_STREAM = 2000  # statistics passes: 2000 before local training, 2001 after
@@ -20,7 +19,9 @@ def _mix(*ints: int) -> int:
     return int(np.random.SeedSequence([int(i) for i in ints]).generate_state(1)[0])
 
 
-def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float], everyone: bool = False) -> list[int]:
+def sample_cohort(
+    seed: int, rnd: int, num_clients: int, join_ratio: tuple[float, float], everyone: bool = False
+) -> list[int]:
     if everyone:
         return list(range(num_clients))
     rng = np.random.default_rng(_mix(seed, rnd, 0xC0))
@@ -33,7 +34,9 @@ def sample_cohort(seed: int, rnd: int, num_clients: int, join_ratio: tuple[float
 PADDED = -1  # a schedule's row index past the end of a kept partial batch
 
 
-def batch_schedule(seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int, take: int | None = None) -> torch.Tensor:
+def batch_schedule(
+    seed: int, rnd: int, stream: int, client: int, n: int, batch: int, epochs: int, take: int | None = None
+) -> torch.Tensor:
     """(steps, batch) local row indices: a fresh permutation each epoch, of which the first `take` rows are used
     (default: the full batches, the last partial batch dropped, as PFLlib); a `take` that leaves a partial batch
     keeps it, its missing rows PADDED."""

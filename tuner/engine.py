@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Round, State, hyperparameter_inputs
+from algorithms.base import Method, State, hyperparameter_inputs
+from algorithms.rounds import Round
 from tuner.data.federated import FederatedData
 from tuner.draws import FINE_TUNE_STREAM, RECEIVE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
 from tuner.errors import DivergedError
-from tuner.executors import EngineSettings, float_type, make_executor
+from tuner.executor_kinds import make_executor
+from tuner.executors import EngineSettings, float_type
 
 
 def split_metrics(correct: torch.Tensor, loss_sum: torch.Tensor, counts: list[int]) -> dict[str, float]:
@@ -84,15 +86,23 @@ class Simulation:
             *own, clients, samples, steps = rest
             return hook(state, server, *own, replace(at, clients=clients, samples=samples, steps=steps))
 
-        return self.executor.map(with_round, states, self.server, *args, at.clients, at.samples, at.steps, hook=name, at=at)
+        return self.executor.map(
+            with_round, states, self.server, *args, at.clients, at.samples, at.steps, hook=name, at=at
+        )
 
     def _broadcast(self, ids: list[int]) -> None:
         """Clients `ids` take what they need from the server for the round they train next."""
         at = self.at(self.round + 1, ids)
-        out = self._per_client(self.method.broadcast, "broadcast", {k: v[at.clients] for k, v in self.clients.items()}, at)
+        out = self._per_client(
+            self.method.broadcast, "broadcast", {k: v[at.clients] for k, v in self.clients.items()}, at
+        )
         phases = self.method.receive_phases()
-        if phases and self.round > 0:  # every client that received a trained model trains on it at once (FedALA); not the initial one
-            out = {**{k: v[at.clients] for k, v in self.clients.items()}, **{k: v.clone() for k, v in out.items()}}  # (broadcast may hand back expanded views)
+        # every client that received a trained model trains on it at once (FedALA); not the initial one
+        if phases and self.round > 0:
+            out = {
+                **{k: v[at.clients] for k, v in self.clients.items()},
+                **{k: v.clone() for k, v in out.items()},
+            }  # (broadcast may hand back expanded views)
             self.executor.train(phases, out, self.server, at, RECEIVE_STREAM)
         for k, v in out.items():
             self.clients[k][at.clients] = v
@@ -105,7 +115,9 @@ class Simulation:
             own = after and m.passes.trained_statistics
             fn, label = (m.trained_statistics, "trained_statistics") if own else (m.statistics, "statistics")
             multiple = m.training.batch_size if m.statistics_in_batches else 1
-            stats = self.executor.sum_over(fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple)
+            stats = self.executor.sum_over(
+                fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple
+            )
         return {**cohort, **_own_memory(self._per_client(hook, name, cohort, at, stats), self.server)}
 
     def _accuracy(self, state, server, x, y, w):
@@ -169,7 +181,9 @@ class Simulation:
         ran = replace(self.executor.ran)  # what ran before this round
         rnd = self.round + 1
         s = self.settings
-        ids = sample_cohort(s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds)
+        ids = sample_cohort(
+            s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds
+        )
         groups = [[i] for i in ids] if self.method.serial else [ids]
         losses = []
         for g, group in enumerate(groups):
@@ -181,7 +195,8 @@ class Simulation:
         train_loss = float((client_loss * n).sum() / n.sum())
         if not math.isfinite(train_loss):
             raise DivergedError(
-                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning rate (lr) and run again."
+                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning "
+                "rate (lr) and run again."
             )
         self.round = rnd
         self._broadcast(list(range(self.data.num_clients)))
@@ -190,7 +205,8 @@ class Simulation:
             row.update(self.evaluate())
         self.best_acc = max(self.best_acc, row.get("acc", -math.inf))
         row["best_acc"] = self.best_acc if self.best_acc > -math.inf else math.nan
-        row["engine"] = self.executor.ran.since(ran)  # what ran: compiled, or eager (asked for, or after compiling failed)
+        # what ran: compiled, or eager (asked for, or after compiling failed)
+        row["engine"] = self.executor.ran.since(ran)
         row["time_s"] = time.perf_counter() - t0
         self.history.append(row)
         return row
@@ -198,13 +214,19 @@ class Simulation:
     # --- exact save / restore
     def state_dict(self) -> dict:
         cpu = lambda d: {k: v.detach().cpu() for k, v in d.items()}  # noqa: E731
-        return {"round": self.round, "server": cpu(self.server), "clients": cpu(self.clients), "history": list(self.history)}
+        return {
+            "round": self.round,
+            "server": cpu(self.server),
+            "clients": cpu(self.clients),
+            "history": list(self.history),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
         self.server = {k: v.to(self.device) for k, v in state["server"].items()}
         self.clients = {k: v.to(self.device) for k, v in state["clients"].items()}
-        self.history = list(state["history"])  # an older checkpoint's generator states are not needed: nothing draws from them
+        # an older checkpoint's generator states are not needed: nothing draws from them
+        self.history = list(state["history"])
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)
 
 

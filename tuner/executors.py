@@ -5,7 +5,8 @@ hook, round and client of a failure in a method's code) or all at once with torc
 count, so the clients still active are always a prefix of the stack. A chunk of the cohort trains
 in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
 
-A training step runs eager or compiled (tuner/steps.py); an evaluation batch likewise, compiled over the
+A training step runs eager or compiled (tuner/steps.py, compiled as tuner/compile.py says); an evaluation batch
+likewise, compiled over the
 whole chunk (clients past their last sample weigh 0). The method's and the run's floats are inputs of the
 programs (algorithms.base.hyperparameter_inputs), so a sweep's next trial compiles nothing. Both engines
 give the same numbers (tests hold them equal in float64); a program that cannot be compiled leaves the run
@@ -13,29 +14,27 @@ to eager."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
+from functools import partial
 
 import torch
-from torch.func import grad_and_value, vmap
+from torch.func import grad_and_value
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from algorithms.base import IGNORED, Method, Phase, Round, State
+from algorithms.base import Method, State
 from algorithms.common import DRAW_KEY
-from tuner.data.augment import augment_draws, crop_flip
+from algorithms.rounds import IGNORED, Phase, Round
+from tuner.compile import Program, Ran, compile_errors, first_line, say
+from tuner.data.augment import crop_flip
 from tuner.data.federated import FederatedData, Split
-from tuner.draws import PADDED, augment_seed, batch_schedule, draw_keys
-from tuner.errors import OutOfMemory, UserError
-from tuner.steps import CHUNKS, CompiledStep, EagerStep, Program, Ran, compile_errors, first_line, pure_step, say
+from tuner.draws import PADDED, draw_keys
+from tuner.errors import OutOfMemory
+from tuner.phases import PhasePlan, plan_phase
+from tuner.steps import CHUNKS, CompiledStep, EagerStep
 
 EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
-
-
-def phase_schedule(phase: Phase, seed: int, rnd: int, stream: int, client: int, samples: int, batch: int) -> torch.Tensor:
-    """A phase's (steps, batch) rows of a client's samples: each epoch a fresh permutation in full batches, or its
-    first `share` of samples with the last partial batch kept (padded); at most `steps`."""
-    return batch_schedule(seed, rnd, stream, client, samples, batch, phase.epochs, phase.sampled(samples))[: phase.steps]
 
 
 @dataclass
@@ -58,10 +57,15 @@ def float_type(states: State) -> torch.dtype:
     return next(v.dtype for v in states.values() if v.is_floating_point())
 
 
-def _stack(rows: list):
+def stack_rows(rows: list):
     """Per-client results (dicts or tuples of tensors) stacked along a new dim 0, as vmap returns them."""
-    columns = zip(*[tree_flatten(r)[0] for r in rows])
+    columns = zip(*[tree_flatten(r)[0] for r in rows], strict=True)
     return tree_unflatten([torch.stack(c) for c in columns], tree_flatten(rows[0])[1])
+
+
+def row_of(tree, i: int):
+    """Row i of every tensor of a stacked tree: views, so in-place updates land in the stack."""
+    return tree_map(lambda t: t[i], tree)
 
 
 class MethodFailed(RuntimeError):
@@ -103,7 +107,8 @@ class Executor:
             except torch.cuda.OutOfMemoryError:
                 if size == 1:
                     raise OutOfMemory(
-                        "CUDA ran out of memory training one client at a time; use a smaller backbone, batch_size or eval_batch, or a GPU with more memory."
+                        "CUDA ran out of memory training one client at a time; use a smaller backbone, "
+                        "batch_size or eval_batch, or a GPU with more memory."
                     ) from None
                 self.settings.cohort_chunk = max(1, size // 2)  # kept for the rest of the run
                 torch.cuda.empty_cache()
@@ -119,7 +124,8 @@ class Executor:
         if phase.clip is None:
             return grad_and_value(f)
 
-        def clipped(params: State, rest: State, server: State, x, y):  # one client's gradient, as clip_grad_norm_ scales it
+        # one client's gradient, as clip_grad_norm_ scales it
+        def clipped(params: State, rest: State, server: State, x, y):
             g, value = grad_and_value(f)(params, rest, server, x, y)
             out = {}
             for group in phase.clip_groups or (tuple(g),):
@@ -162,12 +168,16 @@ class Executor:
         never fails a run."""
         if self.settings.engine == "compiled":
             self.ran.failed, self.ran.failure = first_line(error), str(error)[-1500:]
-            say(f"Compiling {type(self.method).__name__}'s programs failed ({self.ran.failed}); the run goes on with engine=eager.")
+            say(
+                f"Compiling {type(self.method).__name__}'s programs failed ({self.ran.failed}); the run goes "
+                "on with engine=eager."
+            )
             self.settings.engine = "eager"
 
     def shapes_compiled(self) -> int:
         """Distinct (step, rows) programs the run has needed: what dynamo should have compiled, once each."""
-        steps = sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())  # sequential: one client's shape
+        # sequential: one client's shape
+        steps = sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())
         return steps + sum(len(shapes) for shapes in self.summing_shapes.values())
 
     def _inputs(self, idx: torch.Tensor, draws: torch.Tensor | None) -> torch.Tensor:
@@ -178,67 +188,101 @@ class Executor:
     def _trainable(self, phase: Phase, state: State) -> list[str]:
         """A phase trains every floating tensor under its prefixes except BatchNorm statistics."""
         net = self.method.net
-        return [k for k, v in state.items() if k.startswith(phase.trains) and not net.is_buffer(k) and v.is_floating_point()]
+        return [
+            k for k, v in state.items() if k.startswith(phase.trains) and not net.is_buffer(k) and v.is_floating_point()
+        ]
 
     def train(self, phases: list[Phase], cohort: State, server: State, at: Round, stream_base: int) -> torch.Tensor:
         """Train the stacked cohort in place, a step of every active client at a time; returns each client's
         mean minibatch loss."""
-        train, s, run_batch = self.data.train, self.settings, self.method.training.batch_size
-        device = train.y.device
-        ids = at.clients.tolist()
-        losses = torch.zeros(len(ids), dtype=torch.float64, device=device)
-        steps = torch.zeros(len(ids), device=device)
-        depth = min(s.cohort_chunk or self.data.num_clients, self.data.num_clients)  # the largest chunk a run can have: one set of buffers
+        device = self.data.train.y.device
+        losses = torch.zeros(len(at.clients), dtype=torch.float64, device=device)
+        steps = torch.zeros(len(at.clients), device=device)
         self.method.net.module.train()
-        for p_idx, phase in enumerate(phases):
-            keys = self._trainable(phase, cohort)
-            batch = phase.batch or run_batch
-            stream = stream_base + p_idx
-            scheds = [phase_schedule(phase, s.seed, at.number, stream, i, train.counts[i], batch) for i in ids]
-            draws = [augment_draws(augment_seed(s.seed, at.number, stream, i), *q.shape) for i, q in zip(ids, scheds)] if s.augment else None
-            noise = [draw_keys(s.seed, at.number, stream, i, len(q)) for i, q in zip(ids, scheds)] if self.method.draws else None
-
-            def run_chunk(part: range) -> None:
-                order = sorted(part, key=lambda j: -len(scheds[j]))  # most steps first
-                n_steps = [len(scheds[j]) for j in order]
-                if n_steps[0] == 0:
-                    return
-                # The chunk's whole schedule (batch rows, augmentation, noise keys) in one copy each; rows past a
-                # client's last step stay 0, which a padded row of a compiled step reads and discards.
-                index = torch.zeros(len(order), n_steps[0], batch, dtype=torch.long)
-                aug = None if draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
-                key = None if noise is None else torch.zeros(len(order), n_steps[0], dtype=torch.long)
-                for r, j in enumerate(order):
-                    index[r, : n_steps[r]] = torch.where(scheds[j] == PADDED, PADDED, scheds[j] + train.offsets[ids[j]])
-                    if aug is not None:
-                        aug[r, : n_steps[r]] = draws[j]
-                    if key is not None:
-                        key[r, : n_steps[r]] = noise[j]
-                index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
-                active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
-                order_t = torch.tensor(order, device=device)
-                tensors = CHUNKS.take(cohort, len(order), depth)
-                for k, v in cohort.items():
-                    torch.index_select(v, 0, order_t, out=tensors[k])
-                CHUNKS.take(phase.optimizer.init({k: tensors[k] for k in keys}), len(order), depth, f"optimizer {p_idx}", copy=True)
-                chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
-                step = self.step(phase, keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
-
-                def chunk_rows(rows: int) -> tuple[State, State, State]:  # the same tensors at every step: static for CUDA graphs
-                    state = CHUNKS.view("state", rows)
-                    return {k: state[k] for k in keys}, CHUNKS.view(f"optimizer {p_idx}", rows), {k: v for k, v in state.items() if k not in keys}
-
-                self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss, phase.share is not None)
-                for k, v in tensors.items():
-                    cohort[k][order_t] = v
-                losses[order_t] += chunk_loss
-                steps[order_t] += torch.tensor(n_steps, dtype=steps.dtype, device=device)
-
-            self.chunked(len(ids), run_chunk)
+        for number, phase in enumerate(phases):
+            keys, batch = self._trainable(phase, cohort), phase.batch or self.method.training.batch_size
+            plan = plan_phase(
+                phase,
+                number,
+                keys,
+                batch,
+                at,
+                stream_base + number,
+                self.settings,
+                self.data.train.counts,
+                self.method.draws,
+            )
+            self.chunked(len(at.clients), partial(self._train_chunk, plan, cohort, server, at, losses, steps))
         return (losses / steps.clamp(min=1)).cpu()
 
-    def run_steps(self, step, active: list[int], chunk_rows: Callable[[int], tuple[State, State, State]], server: State, index, aug, key,
-                  chunk_loss, partial: bool) -> None:  # fmt: skip
+    def _train_chunk(
+        self, plan: PhasePlan, cohort: State, server: State, at: Round, losses, steps, part: range
+    ) -> None:
+        """A chunk of the cohort through its phase: its clients' tensors into the chunk's buffers, its steps, and
+        back; each client's summed loss and step count added."""
+        train, device = self.data.train, self.data.train.y.device
+        ids = at.clients.tolist()
+        # the largest chunk a run can have: one set of buffers
+        depth = min(self.settings.cohort_chunk or self.data.num_clients, self.data.num_clients)
+        order = sorted(part, key=lambda j: -len(plan.scheds[j]))  # most steps first
+        n_steps = [len(plan.scheds[j]) for j in order]
+        if n_steps[0] == 0:
+            return
+        # The chunk's whole schedule (batch rows, augmentation, noise keys) in one copy each; rows past a client's
+        # last step stay 0, which a padded row of a compiled step reads and discards.
+        index = torch.zeros(len(order), n_steps[0], plan.batch, dtype=torch.long)
+        aug = None if plan.draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
+        key = None if plan.noise is None else torch.zeros(len(order), n_steps[0], dtype=torch.long)
+        for r, j in enumerate(order):
+            index[r, : n_steps[r]] = torch.where(
+                plan.scheds[j] == PADDED, PADDED, plan.scheds[j] + train.offsets[ids[j]]
+            )
+            if aug is not None:
+                aug[r, : n_steps[r]] = plan.draws[j]
+            if key is not None:
+                key[r, : n_steps[r]] = plan.noise[j]
+        index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
+        active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
+        order_t = torch.tensor(order, device=device)
+        tensors = CHUNKS.take(cohort, len(order), depth)
+        for k, v in cohort.items():
+            torch.index_select(v, 0, order_t, out=tensors[k])
+        optimizer = f"optimizer {plan.number}"
+        CHUNKS.take(
+            plan.phase.optimizer.init({k: tensors[k] for k in plan.keys}), len(order), depth, optimizer, copy=True
+        )
+        chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
+        step = self.step(plan.phase, plan.keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
+
+        # the same tensors at every step: static for CUDA graphs
+        def chunk_rows(
+            rows: int,
+        ) -> tuple[State, State, State]:
+            state = CHUNKS.view("state", rows)
+            return (
+                {k: state[k] for k in plan.keys},
+                CHUNKS.view(optimizer, rows),
+                {k: v for k, v in state.items() if k not in plan.keys},
+            )
+
+        self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss, plan.phase.share is not None)
+        for k, v in tensors.items():
+            cohort[k][order_t] = v
+        losses[order_t] += chunk_loss
+        steps[order_t] += torch.tensor(n_steps, dtype=steps.dtype, device=device)
+
+    def run_steps(
+        self,
+        step,
+        active: list[int],
+        chunk_rows: Callable[[int], tuple[State, State, State]],
+        server: State,
+        index,
+        aug,
+        key,
+        chunk_loss,
+        partial: bool,
+    ) -> None:
         """The chunk's steps: step t trains its `active[t]` first rows (padded for a compiled step) on their rows
         of the schedule; the chunk's tensors (`chunk_rows(rows)`: parameters, optimizer state, the rest) are
         updated in place, each client's losses summed in chunk_loss. `partial`: the schedule keeps partial
@@ -274,7 +318,8 @@ class Executor:
 
         def summed(state, server, x, y, w):
             if self.settings.engine == "compiled":  # until a program fails to compile
-                shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))  # one program each: (clients, samples), or one client's
+                # one program each: (clients, samples), or one client's
+                shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))
                 try:
                     out = program(state, server, x, y, w)
                     self.ran.compiled_batches += 1
@@ -290,7 +335,17 @@ class Executor:
         raise NotImplementedError
 
     @torch.no_grad()
-    def sum_over(self, fn: Callable, states: State, server: State, split: Split, hook: str, at: Round, stream: int, multiple: int = 1) -> State:
+    def sum_over(
+        self,
+        fn: Callable,
+        states: State,
+        server: State,
+        split: Split,
+        hook: str,
+        at: Round,
+        stream: int,
+        multiple: int = 1,
+    ) -> State:
         """Sum fn(state, server, x, y, w) over each client's samples of a split, eval_batch at a time (rounded down to a
         multiple of `multiple`, so that batches of that size lie whole in one call); padded samples carry w = 0. A
         drawing method's state holds a key per client and batch (`stream`)."""
@@ -310,91 +365,29 @@ class Executor:
             starts = range(0, max(counts[0], 1), width)
             if self.method.draws:
                 seed = self.settings.seed
-                state[DRAW_KEY] = torch.stack([draw_keys(seed, at.number, stream, ids[j], len(starts)) for j in rows]).to(device)
+                state[DRAW_KEY] = torch.stack(
+                    [draw_keys(seed, at.number, stream, ids[j], len(starts)) for j in rows]
+                ).to(device)
             summed, pad = self.summer(fn, hook, replace(at, clients=clients))  # row i: clients[i]
             total: State = {}
             for b, start in enumerate(starts):
                 a = max(1, sum(1 for c in counts if c > start))
-                n = len(rows) if pad else a  # compiled: the whole chunk, one program a split; a client past its last sample has w = 0
+                # compiled: the whole chunk, one program a split; a client past its last sample has w = 0
+                n = len(rows) if pad else a
                 index, mask = split.padded_index(clients[:n], start, width)
                 batch_state = {k: v[:n, b] if k == DRAW_KEY else v[:n] for k, v in state.items()}
-                part_out = summed(batch_state, server, self.data.decode(split.x[index]), split.y[index], mask.to(float_type(states)))
+                part_out = summed(
+                    batch_state, server, self.data.decode(split.x[index]), split.y[index], mask.to(float_type(states))
+                )
                 if not total:
-                    total = {k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device) for k, v in part_out.items()}
+                    total = {
+                        k: torch.zeros(len(rows), *v.shape[1:], dtype=v.dtype, device=device)
+                        for k, v in part_out.items()
+                    }
                 for k, v in part_out.items():
                     total[k][:n] += v
             for r, j in enumerate(rows):
                 results[j] = {k: v[r] for k, v in total.items()}
 
         self.chunked(len(ids), run_chunk)
-        return _stack([results[j] for j in range(len(ids))])
-
-
-class SequentialExecutor(Executor):
-    """The reference: one client at a time, no vmap; a failure in the method names where it happened."""
-
-    def mapped(self, fn, in_dims, hook, at):
-        def one_by_one(*args):
-            rows = []
-            n = tree_flatten(next(a for a, d in zip(args, in_dims) if d is not None))[0][0].shape[0]
-            for i in range(n):
-                mine = [a if d is None else tree_map(lambda t: t[i], a) for a, d in zip(args, in_dims)]  # views: in-place updates land
-                try:
-                    rows.append(fn(*mine))
-                except Exception as e:  # the client's id is read only here: no host sync per step
-                    client = int(at.clients[i])
-                    raise MethodFailed(f"{type(self.method).__name__}.{hook} failed in round {at.number} for client {client}: {e}") from e
-            return _stack(rows)
-
-        return one_by_one
-
-    pads = False
-
-    def compile(self, grad, phase):
-        """One program of one client's shapes, called client by client (no padding needed)."""
-        return self.one_by_one(self.program(pure_step(grad, phase, self.method.updated_in_place), "steps"), server_at=3)
-
-    def compile_summing(self, fn, hook):
-        return self.one_by_one(self.program(fn, hook), server_at=1)
-
-    @staticmethod
-    def one_by_one(program: Callable, server_at: int) -> Callable:
-        """A one-client program called for each row of its stacked arguments; the server's (argument
-        `server_at`) is every client's."""
-
-        def each(*args):
-            n = len(tree_flatten(args[0])[0][0])
-            row = lambda a, i: tree_map(lambda t: t[i], a)  # noqa: E731
-            return _stack([program(*[a if j == server_at else row(a, i) for j, a in enumerate(args)]) for i in range(n)])
-
-        return each
-
-
-class VectorizedExecutor(Executor):
-    """The whole cohort at once."""
-
-    def mapped(self, fn, in_dims, hook, at):
-        mapped = vmap(fn, in_dims=in_dims, randomness="error")  # a method draws from keys, never from a generator
-
-        def refusing_draws(*args):
-            try:
-                return mapped(*args)
-            except RuntimeError as e:
-                if "randomness error mode" not in str(e):
-                    raise
-                raise UserError(
-                    f"{type(self.method).__name__}.{hook} draws random numbers from torch's generator (a Dropout in the backbone?), which "
-                    "differs between devices and cannot be vectorized; draw keyed noise (docs/engine.md) or use executor=sequential."
-                ) from None
-
-        return refusing_draws
-
-    def compile(self, grad, phase):
-        return self.program(pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place), "steps")
-
-    def compile_summing(self, fn, hook):
-        return self.program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), hook)
-
-
-def make_executor(name: str, method: Method, data: FederatedData, settings: EngineSettings) -> Executor:
-    return {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}[name](method, data, settings)
+        return stack_rows([results[j] for j in range(len(ids))])

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -43,7 +44,9 @@ def ensure_writable(folder: Path, what: str) -> None:
         write_text_atomic(folder / ".writable", "")
         (folder / ".writable").unlink()
     except OSError as e:
-        raise UserError(f"Cannot write to {what} {folder} ({e.strerror or e}); choose a folder you can write to.") from None
+        raise UserError(
+            f"Cannot write to {what} {folder} ({e.strerror or e}); choose a folder you can write to."
+        ) from None
 
 
 def unwritable_reason(folder: Path, nbytes: int, keep_as: Path | None = None) -> str | None:
@@ -87,8 +90,10 @@ def folder_lock(folder: Path, what: str, change: str):
                 if holder is None:  # released meanwhile, or left by a process that is gone (killed): take it over
                     lock.unlink(missing_ok=True)
                     continue
-                raise UserError(f"{what} {folder} is in use by {holder}; wait for it to end, or {change} "
-                                f"(if that process is gone, delete {lock}).") from None  # fmt: skip
+                raise UserError(
+                    f"{what} {folder} is in use by {holder}; wait for it to end, or {change} "
+                    f"(if that process is gone, delete {lock})."
+                ) from None
     finally:
         mine.unlink(missing_ok=True)
     try:

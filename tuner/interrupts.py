@@ -24,7 +24,11 @@ class StopAtRoundEnd:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.console.print("Stopping at the end of this round, with a checkpoint (Ctrl-C again stops at once).", markup=False, highlight=False)
+        self.console.print(
+            "Stopping at the end of this round, with a checkpoint (Ctrl-C again stops at once).",
+            markup=False,
+            highlight=False,
+        )
 
     @contextmanager
     def installed(self):

@@ -95,7 +95,9 @@ def template(name: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
         from tuner.errors import UserError
 
-        raise UserError(f"Method name '{name}' must be lower case letters, digits, - or _, starting with a letter (e.g. fednew).")
+        raise UserError(
+            f"Method name '{name}' must be lower case letters, digits, - or _, starting with a letter (e.g. fednew)."
+        )
     words = re.split(r"[-_]", name)
     cls = "".join(w[:1].upper() + w[1:] for w in words)
     return TEMPLATE.format(name=name, cls=cls, title=cls, file=f"{name.replace('-', '_')}.py")

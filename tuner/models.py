@@ -32,7 +32,8 @@ def _flat_size(layers: nn.Module, input_shape: tuple[int, ...], name: str) -> in
             return int(layers(torch.zeros(1, *input_shape)).flatten(1).shape[1])
     except RuntimeError:
         raise UserError(
-            f"Backbone {name} cannot take inputs of shape {tuple(input_shape)} (its convolutions shrink them to nothing); choose backbone=mlp for small images."
+            f"Backbone {name} cannot take inputs of shape {tuple(input_shape)} (its convolutions shrink them "
+            "to nothing); choose backbone=mlp for small images."
         ) from None
     finally:
         layers.train()
@@ -40,16 +41,23 @@ def _flat_size(layers: nn.Module, input_shape: tuple[int, ...], name: str) -> in
 
 def _image_shape(input_shape, name):
     if len(input_shape) != 3:
-        raise UserError(f"Backbone {name} needs image inputs (channels, height, width), not shape {tuple(input_shape)}.")
+        raise UserError(
+            f"Backbone {name} needs image inputs (channels, height, width), not shape {tuple(input_shape)}."
+        )
 
 
 def cnn4(input_shape, num_classes):
     """GPFL/FedCP's 4-layer CNN (PFLlib FedAvgCNN), K = 512."""
     _image_shape(input_shape, "cnn4")
     convs = nn.Sequential(
-        nn.Conv2d(input_shape[0], 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-    )  # fmt: skip
+        nn.Conv2d(input_shape[0], 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
     dim = _flat_size(convs, input_shape, "cnn4")
     return Backbone(nn.Sequential(convs, nn.Linear(dim, 512), nn.ReLU()), nn.Linear(512, num_classes), 512)
 
@@ -58,9 +66,13 @@ def pac_cnn(input_shape, num_classes):
     """FedPAC's CNNs (Appendix B.1): two convs for grey images, a third for colour ones; K = 128."""
     _image_shape(input_shape, "pac_cnn")
     layers = [
-        nn.Conv2d(input_shape[0], 16, 5), nn.LeakyReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2),
-    ]  # fmt: skip
+        nn.Conv2d(input_shape[0], 16, 5),
+        nn.LeakyReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=1),
+        nn.LeakyReLU(),
+        nn.MaxPool2d(2),
+    ]
     if input_shape[0] == 3:
         layers += [nn.Conv2d(32, 64, 3, padding=1), nn.LeakyReLU(), nn.MaxPool2d(2)]
     convs = nn.Sequential(*layers, nn.Flatten())
@@ -104,9 +116,14 @@ def harcnn(input_shape, num_classes):
     if len(input_shape) != 3:
         raise UserError(f"Backbone harcnn needs (channels, 1, steps) signals, not shape {tuple(input_shape)}.")
     body = nn.Sequential(
-        nn.Conv2d(input_shape[0], 32, (1, 9)), nn.ReLU(), nn.MaxPool2d((1, 2)),
-        nn.Conv2d(32, 64, (1, 9)), nn.ReLU(), nn.MaxPool2d((1, 2)), nn.Flatten(),
-    )  # fmt: skip
+        nn.Conv2d(input_shape[0], 32, (1, 9)),
+        nn.ReLU(),
+        nn.MaxPool2d((1, 2)),
+        nn.Conv2d(32, 64, (1, 9)),
+        nn.ReLU(),
+        nn.MaxPool2d((1, 2)),
+        nn.Flatten(),
+    )
     dim = _flat_size(body, input_shape, "harcnn")
     head = nn.Sequential(nn.Linear(dim, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, num_classes))
     return Backbone(body, head, dim)
@@ -133,7 +150,10 @@ def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, vo
     if is_reference(name):
         return users_backbone(name, tuple(input_shape), num_classes, vocab is not None)
     if name not in BACKBONES:
-        raise UserError(f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}, or name your own as path/to/file.py:function.")
+        raise UserError(
+            f"Unknown backbone '{name}'; choose one of {', '.join(BACKBONES)}, or name your own as "
+            "path/to/file.py:function."
+        )
     if name == "fasttext" and vocab is not None:
         return fasttext(tuple(input_shape), num_classes, vocab)
     return BACKBONES[name](tuple(input_shape), num_classes)
@@ -145,19 +165,27 @@ def users_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, to
     body's output size, which the head takes in and maps to num_classes."""
     build = load_object(name, "Backbone")
     if not callable(build):
-        raise UserError(f"Backbone {name} is not a function; name one that takes (input_shape, num_classes) and returns a module.")
+        raise UserError(
+            f"Backbone {name} is not a function; name one that takes (input_shape, num_classes) and returns a module."
+        )
     try:
         net = build(input_shape, num_classes)
     except Exception as e:
         raise UserError(f"Backbone {name}({input_shape}, {num_classes}) failed: {type(e).__name__}: {e}") from None
     parts = [p for p in ("body", "head") if not isinstance(getattr(net, p, None), nn.Module)]
     if not isinstance(net, nn.Module) or parts:
-        raise UserError(f"Backbone {name} must return an nn.Module with submodules body and head (missing: {', '.join(parts) or 'a module'}).")
+        raise UserError(
+            f"Backbone {name} must return an nn.Module with submodules body and head (missing: "
+            f"{', '.join(parts) or 'a module'})."
+        )
     if not isinstance(getattr(net, "feature_dim", None), int):
         raise UserError(f"Backbone {name}'s module needs feature_dim, the size of body's output (an int).")
     stray = [k for k, _ in net.named_parameters() if not k.startswith(("body.", "head."))]
     if stray:
-        raise UserError(f"Backbone {name} has parameter {stray[0]} outside body and head; methods share and personalize only those two.")
+        raise UserError(
+            f"Backbone {name} has parameter {stray[0]} outside body and head; methods share and personalize "
+            "only those two."
+        )
     x = torch.zeros(2, *input_shape, dtype=torch.long if tokens else torch.float32)
     net.eval()
     try:
@@ -169,7 +197,12 @@ def users_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, to
     finally:
         net.train()
     if tuple(h.shape) != (2, net.feature_dim):
-        raise UserError(f"Backbone {name}'s body gives features of shape {tuple(h.shape[1:])} per sample, not ({net.feature_dim},) as its feature_dim says.")
+        raise UserError(
+            f"Backbone {name}'s body gives features of shape {tuple(h.shape[1:])} per sample, not "
+            f"({net.feature_dim},) as its feature_dim says."
+        )
     if tuple(out.shape) != (2, num_classes):
-        raise UserError(f"Backbone {name}'s head gives {tuple(out.shape[1:])} per sample, not the data's {num_classes} classes.")
+        raise UserError(
+            f"Backbone {name}'s head gives {tuple(out.shape[1:])} per sample, not the data's {num_classes} classes."
+        )
     return net

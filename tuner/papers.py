@@ -53,42 +53,89 @@ TABLES = {
     "fedcp-table2": Table("FedCP", "Table2", "best", BEST_FEDCP, main=True),
     "fedcp-table4": Table("FedCP", "Table4-scalability", "best", "§4: the same protocol as Table 2"),
     "fedcp-table7": Table("FedCP", "Table7-stability", "best", "§4: the same protocol as Table 2"),
-    "fedpac-table1": Table("FedPAC", "Table1", "final", "Table 1 caption: the comparison of final test accuracy, after 200 rounds (B.3)", main=True),
-    "fedpac-table2": Table("FedPAC", "Table2-ablation", "final", "§5 Ablation: the average test accuracy on 20 clients, under Table 1's protocol"),
-    "fedpac-replication": Table("FedPAC-replication", "Table1", "final", "Table 1 caption: the comparison of final test accuracy"),
-}  # fmt: skip
+    "fedpac-table1": Table(
+        "FedPAC",
+        "Table1",
+        "final",
+        "Table 1 caption: the comparison of final test accuracy, after 200 rounds (B.3)",
+        main=True,
+    ),
+    "fedpac-table2": Table(
+        "FedPAC",
+        "Table2-ablation",
+        "final",
+        "§5 Ablation: the average test accuracy on 20 clients, under Table 1's protocol",
+    ),
+    "fedpac-replication": Table(
+        "FedPAC-replication", "Table1", "final", "Table 1 caption: the comparison of final test accuracy"
+    ),
+}
 # Where a paper's row was produced by another form than the method's default, or is labelled
 # otherwise: paper -> {method title: the label of the row it stands for}. Every other title is its
 # own label; a default form displaced by another keeps a row of its own beside the published one.
 RELABELLED = {
     # GPFL and FedCP ran their baselines in PFLlib (early 2023), whose FedPHP is its own form (algorithms/fedphp.py)
     # and whose pFedMe predicted with w_i as the authors' code does (algorithms/pfedme.py).
-    "GPFL": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)", "pFedMe-official": "pFedMe", "pFedMe": "pFedMe (paper's form)"},
-    "FedCP": {"FedPHP-PFLlib": "FedPHP", "FedPHP": "FedPHP (paper's form)", "pFedMe-official": "pFedMe", "pFedMe": "pFedMe (paper's form)"},
+    "GPFL": {
+        "FedPHP-PFLlib": "FedPHP",
+        "FedPHP": "FedPHP (paper's form)",
+        "pFedMe-official": "pFedMe",
+        "pFedMe": "pFedMe (paper's form)",
+    },
+    "FedCP": {
+        "FedPHP-PFLlib": "FedPHP",
+        "FedPHP": "FedPHP (paper's form)",
+        "pFedMe-official": "pFedMe",
+        "pFedMe": "pFedMe (paper's form)",
+    },
     # FedPAC's APFL: the authors' output mixing with a fixed α (algorithms/apfl.py); its kNN-Per: the original
     # scripts' logit mixing (algorithms/knnper.py).
-    "FedPAC": {"APFL-outputs": "APFL", "APFL": "APFL (paper's form)", "kNN-Per-logits": "kNN-Per", "kNN-Per": "kNN-Per (paper's form)"},
+    "FedPAC": {
+        "APFL-outputs": "APFL",
+        "APFL": "APFL (paper's form)",
+        "kNN-Per-logits": "kNN-Per",
+        "kNN-Per": "kNN-Per (paper's form)",
+    },
     # The replication report labels its own run of FedPAC apart from the published row it reruns.
     "FedPAC-replication": {"FedPAC": "FedPAC-replicated"},
 }
 
 DATASET_LABELS = {
-    "fmnist": "FMNIST", "mnist": "MNIST", "emnist": "EMNIST", "cifar10": "Cifar10", "cifar100": "Cifar100",
-    "tinyimagenet": "TinyImageNet", "cinic10": "CINIC10", "agnews": "AGNews", "har": "HAR", "digits": "Digits",
-}  # fmt: skip
+    "fmnist": "FMNIST",
+    "mnist": "MNIST",
+    "emnist": "EMNIST",
+    "cifar10": "Cifar10",
+    "cifar100": "Cifar100",
+    "tinyimagenet": "TinyImageNet",
+    "cinic10": "CINIC10",
+    "agnews": "AGNews",
+    "har": "HAR",
+    "digits": "Digits",
+}
 DATASET_NAMES = {label: name for name, label in DATASET_LABELS.items()}
 PATHOLOGICAL_CLASSES = {"MNIST": 2, "FMNIST": 2, "Cifar10": 2, "Cifar100": 10, "TinyImageNet": 20}  # GPFL/FedCP §4
 
 # Experiment settings shared by search spaces (`setting: NAME` in a space file).
 SETTINGS = {
-    "pfllib-fmnist-dir0.1": {  # GPFL Table 1 / FedCP Table 2, Fashion-MNIST practical: Dir(0.1), 20 clients, 4-layer CNN
-        "dataset": "fmnist", "partition": "dir:0.1", "clients": 20, "backbone": "cnn4", "protocol": "pfllib",
-        "rounds": 2000, "checkpoint_every": 50,
+    # GPFL Table 1 / FedCP Table 2, Fashion-MNIST practical: Dir(0.1), 20 clients, 4-layer CNN
+    "pfllib-fmnist-dir0.1": {
+        "dataset": "fmnist",
+        "partition": "dir:0.1",
+        "clients": 20,
+        "backbone": "cnn4",
+        "protocol": "pfllib",
+        "rounds": 2000,
+        "checkpoint_every": 50,
     },
     "fedpac-fmnist-pac20": {  # FedPAC Table 1, Fashion-MNIST: s = 20 % dominant classes, 20 clients, its CNN
-        "dataset": "fmnist", "partition": "pac:20", "clients": 20, "protocol": "fedpac", "rounds": 200, "checkpoint_every": 20,
+        "dataset": "fmnist",
+        "partition": "pac:20",
+        "clients": 20,
+        "protocol": "fedpac",
+        "rounds": 200,
+        "checkpoint_every": 20,
     },
-}  # fmt: skip
+}
 
 
 def home_protocol(family: str) -> str:
@@ -115,7 +162,9 @@ def load_tables(path: Path = PUBLISHED) -> pd.DataFrame:
     paper = pd.read_csv(path).merge(metrics, on=["paper", "table"], how="left")
     paper["reported"] = paper["reported"].fillna("best")
     paper["join_ratio"] = paper["join_ratio"].map(join_ratio_label)
-    paper["kind"] = paper["setting"].str.split("_").str[0].where(~paper["setting"].str.startswith("dominant"), paper["setting"])
+    paper["kind"] = (
+        paper["setting"].str.split("_").str[0].where(~paper["setting"].str.startswith("dominant"), paper["setting"])
+    )
     return paper
 
 
@@ -141,7 +190,14 @@ def cell_of(dataset: str, partition: str, backbone: str, clients: int, join_rati
         setting, beta = f"dominant_s{value:g}", math.nan
     else:
         return None
-    return {"dataset": label, "setting": setting, "beta": beta, "backbone": backbone, "num_clients": clients, "join_ratio": join_ratio_label(join_ratio)}
+    return {
+        "dataset": label,
+        "setting": setting,
+        "beta": beta,
+        "backbone": backbone,
+        "num_clients": clients,
+        "join_ratio": join_ratio_label(join_ratio),
+    }
 
 
 def partition_of(row) -> str:

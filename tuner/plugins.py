@@ -72,7 +72,10 @@ def _import_file(path: Path, what: str):
     if path in _FILES:
         return _FILES[path]
     if not path.is_file():
-        raise UserError(f"{what} file {path} does not exist (on a cluster, every node needs it at this path, or install it as a package).")
+        raise UserError(
+            f"{what} file {path} does not exist (on a cluster, every node needs it at this path, or install "
+            "it as a package)."
+        )
     name = f"pfl_tuner_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -111,9 +114,14 @@ def method_class(text: str) -> type[Method]:
         try:
             cls = installed[text].load()
         except Exception as e:
-            raise UserError(f"Method {text} (entry point {installed[text].value}) does not import: {type(e).__name__}: {e}") from None
+            raise UserError(
+                f"Method {text} (entry point {installed[text].value}) does not import: {type(e).__name__}: {e}"
+            ) from None
         return checked_method(cls, text)
-    raise UserError(f"Unknown method '{text}'; choose one of {', '.join([*METHODS, *installed])}, or name your own as path/to/file.py:ClassName.")
+    raise UserError(
+        f"Unknown method '{text}'; choose one of {', '.join([*METHODS, *installed])}, or name your own as "
+        "path/to/file.py:ClassName."
+    )
 
 
 def checked_method(cls: Any, text: str) -> type[Method]:
@@ -122,14 +130,20 @@ def checked_method(cls: Any, text: str) -> type[Method]:
         raise UserError(f"{text} is not a method: subclass algorithms.Method (from algorithms import Method).")
     name = cls.__dict__.get("name")
     if not isinstance(name, str) or not name:
-        raise UserError(f"Method {text} has no name of its own: set the class attribute name = \"...\" (how tables and results call it).")
+        raise UserError(
+            f'Method {text} has no name of its own: set the class attribute name = "..." (how tables and '
+            "results call it)."
+        )
     if name in METHODS:
         raise UserError(f"Method {text} is named '{name}' like a built-in method; choose another name.")
     if not is_dataclass(cls.Hparams):
         raise UserError(f"Method {text}: Hparams must be a dataclass (@dataclass class Hparams: ...).")
     missing = [f.name for f in fields(cls.Hparams) if f.default is MISSING and f.default_factory is MISSING]
     if missing:
-        raise UserError(f"Method {text}: hyperparameter {missing[0]} has no default; give every Hparams field one (the run's value when not searched).")
+        raise UserError(
+            f"Method {text}: hyperparameter {missing[0]} has no default; give every Hparams field one (the "
+            "run's value when not searched)."
+        )
     return cls
 
 

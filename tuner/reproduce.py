@@ -11,11 +11,13 @@ from pathlib import Path
 
 from tuner import papers
 from tuner.config import absolute_settings
-from tuner.files import user_path
 from tuner.errors import UserError
+from tuner.files import user_path
 
 
-def cells(table: str, datasets: list[str] | None = None, methods: list[str] | None = None, data_dir: str | None = None) -> tuple[list[dict], list[str]]:
+def cells(
+    table: str, datasets: list[str] | None = None, methods: list[str] | None = None, data_dir: str | None = None
+) -> tuple[list[dict], list[str]]:
     """The runnable cells of `table`, and a sentence for each cell or method left out. A method of one's
     own among `methods` (a file, module or installed name) runs in every data setting of the table."""
     from algorithms import METHODS
@@ -47,8 +49,14 @@ def cells(table: str, datasets: list[str] | None = None, methods: list[str] | No
                 skipped.append(f"{r.dataset}: {available[dataset]}")
         if available[dataset] is not True:
             continue
-        setting = {"dataset": dataset, "partition": papers.partition_of(r), "clients": int(r.num_clients), "join_ratio": str(r.join_ratio),
-                   "backbone": r.backbone, "protocol": papers.PAPERS[paper_name].protocol}  # fmt: skip
+        setting = {
+            "dataset": dataset,
+            "partition": papers.partition_of(r),
+            "clients": int(r.num_clients),
+            "join_ratio": str(r.join_ratio),
+            "backbone": r.backbone,
+            "protocol": papers.PAPERS[paper_name].protocol,
+        }
         out += [cell for cell in ({"method": m, **setting} for m in wanted) if cell not in out]
     return out, sorted(set(skipped))
 
@@ -63,9 +71,22 @@ def _available(dataset: str, data_dir: str | None) -> bool | str:
     return True
 
 
-def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None, datasets=None, methods=None,
-              patience: int | None = None, settings: dict | None = None, vary_partition: bool = False, resume: bool = False) -> tuple[Path, list[str]]:  # fmt: skip
-    """Run every runnable cell of `table` with `seeds` seeds; returns the experiment's directory and what was left out."""
+def reproduce(
+    table: str,
+    storage: Path,
+    res,
+    *,
+    seeds: int,
+    rounds: int | None,
+    datasets=None,
+    methods=None,
+    patience: int | None = None,
+    settings: dict | None = None,
+    vary_partition: bool = False,
+    resume: bool = False,
+) -> tuple[Path, list[str]]:
+    """Run every runnable cell of `table` with `seeds` seeds; returns the experiment's directory and what was
+    left out."""
     from ray import tune
 
     from tuner.files import ensure_writable, folder_lock
@@ -80,15 +101,25 @@ def reproduce(table: str, storage: Path, res, *, seeds: int, rounds: int | None,
     rounds = papers.PAPERS[paper_name].rounds if rounds is None else rounds
     sweep_dir = user_path(storage) / table  # absolute before Ray sees it
     if not resume and (sweep_dir / "reproduce").exists():
-        raise UserError(f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage.")
+        raise UserError(
+            f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage."
+        )
     base = {"rounds": rounds, **settings}
     ensure_writable(sweep_dir, "the sweep's storage")
     with folder_lock(sweep_dir, "The reproduction", "choose another --storage"):
         run_stage(
-            sweep_dir, "reproduce", base, "test", 1, res,
+            sweep_dir,
+            "reproduce",
+            base,
+            "test",
+            1,
+            res,
             param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
-            stopper=stoppers(patience, None), samples=1, expected=len(todo) * seeds, rounds=rounds,
-            resume=resume, extra={"table": table, "paper": paper_name},
-        )  # fmt: skip
+            stopper=stoppers(patience, None),
+            samples=1,
+            expected=len(todo) * seeds,
+            rounds=rounds,
+            resume=resume,
+            extra={"table": table, "paper": paper_name},
+        )
     return sweep_dir, skipped
-

@@ -8,16 +8,17 @@ rounds and at the end), so a stopped run resumes exactly and a diverging one kee
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import torch
 import yaml
 
-from algorithms.base import Method, Training, Unsupported
+from algorithms.base import Method, Unsupported
 from algorithms.net import Net
+from algorithms.rounds import Training
 from tuner.config import RunConfig, apply_settings
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
@@ -25,13 +26,12 @@ from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine import Simulation
-from tuner.executors import EngineSettings
 from tuner.errors import UserError
+from tuner.executors import EngineSettings
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone
 from tuner.plugins import method_class
 from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
-
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
@@ -47,11 +47,18 @@ def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
         min_samples = int(min(PARTITION_BATCH / (1 - cfg.train_frac), n / cfg.clients / 2))
     grey = ds.kind == "image" and ds.input_shape[0] == 1
     return PartitionSpec(
-        kind=kind, value=value, clients=cfg.clients, seed=cfg.partition_seed, train_frac=cfg.train_frac, val_frac=cfg.val_frac,
-        min_samples=min_samples, balance=cfg.balance, groups=cfg.groups,
+        kind=kind,
+        value=value,
+        clients=cfg.clients,
+        seed=cfg.partition_seed,
+        train_frac=cfg.train_frac,
+        val_frac=cfg.val_frac,
+        min_samples=min_samples,
+        balance=cfg.balance,
+        groups=cfg.groups,
         pac_train=cfg.pac_train or (1000 if ds.name == "emnist" else 600),
         pac_test=cfg.pac_test or (600 if grey else 300),
-    )  # fmt: skip
+    )
 
 
 def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
@@ -60,9 +67,14 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
         raise UserError(f"augment=true crops and flips images; {cfg.dataset} holds {ds.kind} data.")
     spec = partition_spec(cfg, ds)
     if spec.kind == "natural" and ds.owners is None:
-        raise UserError(f"Partition natural keeps the clients of the data, and {cfg.dataset} names none; give it a client column, or choose iid, pat:N, dir:BETA.")
+        raise UserError(
+            f"Partition natural keeps the clients of the data, and {cfg.dataset} names none; give it a client "
+            "column, or choose iid, pat:N, dir:BETA."
+        )
     cache = "" if is_user_data(cfg.dataset) else ds.name
-    part = partition(ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=cache, owners=ds.owners, is_train=ds.is_train)
+    part = partition(
+        ds.y.numpy(), ds.num_classes, spec, ds.pac_groups, dataset=cache, owners=ds.owners, is_train=ds.is_train
+    )
     data = build(ds, part, cfg.shift, cfg.partition_seed, cfg.normalize, device)
     check_scored(cfg, data, own_split=spec.kind == "natural" and ds.is_train is not None)
     return data
@@ -76,14 +88,21 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
         return
     smallest = min(short, key=counts.__getitem__)
     fewest = counts[smallest]
-    where = (f"{len(short)} of its {len(counts)} clients have fewer training samples than one batch of {cfg.batch_size} "
-             f"(the fewest: client {data.client_name(smallest)}, {fewest})")  # fmt: skip
-    if parse_partition(cfg.partition)[0] == "natural":  # its clients are the data's: fewer clients or a new draw do not apply
-        raise UserError(f"{cfg.dataset}: {where}; use batch_size={fewest} or less, or leave such clients out with "
-                        f"--set min_samples={cfg.batch_size} (natural partitions keep the clients with that many training samples).")  # fmt: skip
+    where = (
+        f"{len(short)} of its {len(counts)} clients have fewer training samples than one batch of {cfg.batch_size} "
+        f"(the fewest: client {data.client_name(smallest)}, {fewest})"
+    )
+    # its clients are the data's: fewer clients or a new draw do not apply
+    if parse_partition(cfg.partition)[0] == "natural":
+        raise UserError(
+            f"{cfg.dataset}: {where}; use batch_size={fewest} or less, or leave such clients out with "
+            f"--set min_samples={cfg.batch_size} (natural partitions keep the clients with that many training samples)."
+        )
     smaller = f", batch_size={fewest} or less" if fewest else ""
-    raise UserError(f"Partition {cfg.partition} of {cfg.dataset}: {where}; use fewer clients{smaller}, "
-                    f"or min_samples={cfg.batch_size} or more (redrawn until every client has that many).")  # fmt: skip
+    raise UserError(
+        f"Partition {cfg.partition} of {cfg.dataset}: {where}; use fewer clients{smaller}, "
+        f"or min_samples={cfg.batch_size} or more (redrawn until every client has that many)."
+    )
 
 
 def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
@@ -100,10 +119,16 @@ def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
         elif own_split:  # the data's own test rows
             fix = "give those clients rows whose split is test, or drop their rows"
         elif parse_partition(cfg.partition)[0] == "natural":  # too few rows for 25 % to round to one
-            fix = "leave such small clients out with --set min_samples=N (natural partitions keep the clients with N training samples or more)"
+            fix = (
+                "leave such small clients out with --set min_samples=N (natural partitions keep the clients "
+                "with N training samples or more)"
+            )
         else:
             fix = f"lower train_frac below {cfg.train_frac:g}, or use fewer clients"
-        raise UserError(f"{cfg.dataset}: {len(empty)} clients have no {split} sample and would never be scored (client {names}); {fix}.")
+        raise UserError(
+            f"{cfg.dataset}: {len(empty)} clients have no {split} sample and would never be scored (client "
+            f"{names}); {fix}."
+        )
 
 
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
@@ -121,9 +146,16 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         data = replace(data, decode=_decoding_to(getattr(torch, cfg.dtype), data.decode))
     method = build_method(cfg, data)
     settings = EngineSettings(
-        seed=cfg.seed, join_ratio=cfg.join_range(), eval_gap=cfg.eval_gap, executor=cfg.executor, engine=cfg.engine, cohort_chunk=cfg.cohort_chunk,
-        eval_batch=cfg.eval_batch, augment=cfg.augment, full_last_round=cfg.full_last_round,
-    )  # fmt: skip
+        seed=cfg.seed,
+        join_ratio=cfg.join_range(),
+        eval_gap=cfg.eval_gap,
+        executor=cfg.executor,
+        engine=cfg.engine,
+        cohort_chunk=cfg.cohort_chunk,
+        eval_batch=cfg.eval_batch,
+        augment=cfg.augment,
+        full_last_round=cfg.full_last_round,
+    )
     return Simulation(method, data, settings)
 
 
@@ -132,18 +164,35 @@ def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     `cfg` resolved."""
     method_cls = method_class(cfg.method)
     class_counts = tuple(torch.bincount(data.train.y.cpu(), minlength=data.num_classes).tolist())
-    training = Training(cfg.lr, cfg.local_epochs, cfg.batch_size, data.num_classes, data.num_clients, cfg.momentum, cfg.weight_decay,
-                        cfg.rounds, sum(cfg.join_range()) / 2, cfg.seed, class_counts, cfg.join_range()[1], tuple(int(c) for c in data.train.counts))  # fmt: skip
+    training = Training(
+        cfg.lr,
+        cfg.local_epochs,
+        cfg.batch_size,
+        data.num_classes,
+        data.num_clients,
+        cfg.momentum,
+        cfg.weight_decay,
+        cfg.rounds,
+        sum(cfg.join_range()) / 2,
+        cfg.seed,
+        class_counts,
+        cfg.join_range()[1],
+        tuple(int(c) for c in data.train.counts),
+    )
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
         torch.random.default_generator.manual_seed(cfg.seed)
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
+        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(
+            torch.device(cfg.device), getattr(torch, cfg.dtype)
+        )
         try:
             return method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
         except Unsupported as e:
             raise UserError(str(e)) from None
 
 
-def _decoding_to(dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _decoding_to(
+    dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """Model inputs in the run's float type (token ids stay integers)."""
 
     def decoded(x: torch.Tensor) -> torch.Tensor:
@@ -197,14 +246,24 @@ class RunDir:
         if not self.checkpoint.exists():
             raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
         try:
-            state = torch.load(self.checkpoint, weights_only=True)  # tensors and numbers only: a checkpoint never runs code
+            # tensors and numbers only: a checkpoint never runs code
+            state = torch.load(self.checkpoint, weights_only=True)
         except Exception as e:  # unpickling a damaged file raises anything
-            raise UserError(f"{self.checkpoint} cannot be read ({type(e).__name__}); the rows so far are in {self.metrics}: rerun without --resume.") from None
+            raise UserError(
+                f"{self.checkpoint} cannot be read ({type(e).__name__}); the rows so far are in "
+                f"{self.metrics}: rerun without --resume."
+            ) from None
         sim.load_state_dict(state)
 
 
-def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callable[[dict], None] | None = None,
-        stop_requested: Callable[[], bool] = lambda: False, schedule: pd.DataFrame | None = None) -> Simulation:
+def run(
+    cfg: RunConfig,
+    out: str | Path,
+    resume: bool = False,
+    on_round: Callable[[dict], None] | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
+    schedule: pd.DataFrame | None = None,
+) -> Simulation:
     """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there.
     When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
     continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before.
@@ -223,7 +282,9 @@ def run(cfg: RunConfig, out: str | Path, resume: bool = False, on_round: Callabl
             run_dir.path.rmdir()
 
 
-def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule: pd.DataFrame | None) -> Simulation:
+def _run(
+    cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule: pd.DataFrame | None
+) -> Simulation:
     kept, given = run_dir.path / SCHEDULE_FILE, schedule is not None
     if not given and resume and kept.exists():
         schedule = load_schedule(kept, cfg)
@@ -234,14 +295,20 @@ def _run(cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested
     if resume:
         run_dir.load(sim)
         if cfg.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
-            raise UserError(f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more than {sim.round} to continue it.")
+            raise UserError(
+                f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more "
+                f"than {sim.round} to continue it."
+            )
     run_dir.write_config(cfg)
     if given:
         write_atomic(kept, lambda p: schedule.reset_index().to_parquet(p, index=False))
     try:
         while sim.round < cfg.rounds and not stop_requested():
             if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
-                sim, current = rebuilt(sim, apply_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")), wanted
+                sim, current = (
+                    rebuilt(sim, apply_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")),
+                    wanted,
+                )
             row = sim.step()
             if cfg.engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
                 cfg = replace(cfg, engine=sim.settings.engine)

@@ -32,7 +32,8 @@ def write_rounds(path: Path, history: list[dict], ran: list[dict], settings: lis
 
     who = pd.DataFrame(ran).set_index("round")
     rows = pd.DataFrame(history).set_index("round")
-    rows = rows.drop(columns=[c for c in who.columns if c in rows.columns])  # a setting's value, not a figure of its name
+    # a setting's value, not a figure of its name
+    rows = rows.drop(columns=[c for c in who.columns if c in rows.columns])
     table = pa.Table.from_pandas(rows.join(who, how="outer").reset_index(), preserve_index=False)
     metadata = {**(table.schema.metadata or {}), b"settings": json.dumps(settings).encode()}
     write_atomic(path, lambda p: pq.write_table(table.replace_schema_metadata(metadata), p))
@@ -61,17 +62,24 @@ def load_schedule(path: Path, cfg: RunConfig) -> pd.DataFrame:
             table = arrow.to_pandas()
             table = table[["round", *named]] if named is not None else table
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"Schedule {path} cannot be read ({first_sentence(e)}); name a rounds.parquet a sweep wrote, or a CSV of round and settings.") from None
+        raise UserError(
+            f"Schedule {path} cannot be read ({first_sentence(e)}); name a rounds.parquet a sweep wrote, or a "
+            "CSV of round and settings."
+        ) from None
     if "round" not in table:
         raise UserError(f"Schedule {path} has no 'round' column; it needs one, and a column a setting.")
     rounds = table["round"].tolist()
     if rounds != list(range(1, len(rounds) + 1)):
-        raise UserError(f"Schedule {path} must have one row a round from round 1 on, in order; it has rounds {rounds[:6]}{'...' if len(rounds) > 6 else ''}.")
+        raise UserError(
+            f"Schedule {path} must have one row a round from round 1 on, in order; it has rounds "
+            f"{rounds[:6]}{'...' if len(rounds) > 6 else ''}."
+        )
     settings = table.drop(columns="round").set_index(pd.Index(rounds, name="round"))
     if settings.columns.empty:
         raise UserError(f"Schedule {path} names no setting; add a column a setting (e.g. lr, lam).")
     for name in settings.columns:
-        apply_settings(cfg, {name: _plain(settings[name].iloc[0])}, f"Schedule {path}")  # one sentence for a name that is no setting
+        # one sentence for a name that is no setting
+        apply_settings(cfg, {name: _plain(settings[name].iloc[0])}, f"Schedule {path}")
     return settings
 
 

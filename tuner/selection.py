@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 FIGURES = {"val": "best_val_acc", "test": "best_acc"}  # each rule's selecting figure, best so far
 SCORE = "score"  # what ASHA, patience's peers, Optuna's study, the console and `tuner report` rank runs by
@@ -35,13 +36,22 @@ def selection(history: list[dict], select: str) -> dict[str, float]:
     scored = lambda key: [h for h in history if h.get(key) is not None and not math.isnan(h[key])]  # noqa: E731
     evals, vals = scored("acc"), scored("val_acc")
     best_val = max(vals, key=lambda h: h["val_acc"], default=None)  # max keeps the first of equals: the earliest round
-    out = {"best_acc": max((h["acc"] for h in evals), default=math.nan), "selected_acc": math.nan, "best_round": math.nan,
-           "best_val_acc": best_val["val_acc"] if best_val else math.nan, "best_val_round": best_val["round"] if best_val else math.nan,
-           SCORE: math.nan}  # fmt: skip
+    out = {
+        "best_acc": max((h["acc"] for h in evals), default=math.nan),
+        "selected_acc": math.nan,
+        "best_round": math.nan,
+        "best_val_acc": best_val["val_acc"] if best_val else math.nan,
+        "best_val_round": best_val["round"] if best_val else math.nan,
+        SCORE: math.nan,
+    }
     figure = "acc" if select == "test" else "val_acc"
     chosen = max(evals if select == "test" else vals, key=lambda h: h[figure], default=None)
     if chosen is not None and chosen.get("acc") is not None and not math.isnan(chosen["acc"]):
-        out |= {"selected_acc": chosen["acc"], "best_round": chosen["round"], SCORE: score(chosen[figure], chosen["round"])}
+        out |= {
+            "selected_acc": chosen["acc"],
+            "best_round": chosen["round"],
+            SCORE: score(chosen[figure], chosen["round"]),
+        }
     return out
 
 

@@ -30,9 +30,8 @@ from typing import Any
 import optuna
 
 from tuner.config import RunConfig, absolute_settings, resolve_layers
-
-from tuner.files import read_mapping
 from tuner.errors import UserError
+from tuner.files import read_mapping
 from tuner.plugins import canonical, method_class
 from tuner.selection import FIGURES
 from tuner.sweep.schedulers import Population, read_scheduler
@@ -47,7 +46,18 @@ SAMPLERS = {
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
 }
 SELECTS = ("test", "val")
-TOP_KEYS = ("method", "setting", "settings", "search", "sampler", "samples", "select", "report_every", "stop", "scheduler")
+TOP_KEYS = (
+    "method",
+    "setting",
+    "settings",
+    "search",
+    "sampler",
+    "samples",
+    "select",
+    "report_every",
+    "stop",
+    "scheduler",
+)
 STOP_KEYS = ("grace", "patience", "max_total_rounds")
 
 
@@ -71,7 +81,8 @@ class Space:
     stop: Stopping = field(default_factory=Stopping)
     population: Population | None = None  # None: Optuna's search, ASHA per stop.grace
     source: str = "space"
-    notes: list[str] = field(default_factory=list)  # what the sweep does otherwise than the file or options say, to print
+    # what the sweep does otherwise than the file or options say, to print
+    notes: list[str] = field(default_factory=list)
 
     def base_config(self) -> RunConfig:
         """The fixed settings resolved, with every searched value at its default."""
@@ -97,7 +108,8 @@ class Space:
 
     @property
     def figure(self) -> str:
-        """The selecting figure's best so far, as the progress line shows it; runs are ranked by its score (tuner.run)."""
+        """The selecting figure's best so far, as the progress line shows it; runs are ranked by its score
+        (tuner.run)."""
         return FIGURES[self.select]
 
 
@@ -107,8 +119,11 @@ def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and dist.low <= value <= dist.high
 
 
-def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> Space:
-    """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed settings."""
+def load_space(
+    path: str | Path, method: str, overrides: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
+) -> Space:
+    """Read and check a space file; `overrides` replace its top-level or stop keys, `settings` add to its fixed
+    settings."""
     method = canonical(method)
     method_class(method)
     p = Path(path)
@@ -117,55 +132,86 @@ def load_space(path: str | Path, method: str, overrides: dict[str, Any] | None =
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; a space file may hold {', '.join(TOP_KEYS)}.")
-    named = canonical(str(data["method"])) if data.get("method") else None  # a file: from the current directory, as on the command line
-    if named not in (None, method) and not method.startswith(f"{named}-"):  # a variant may use its method's space
-        raise UserError(f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file.")
+    # a method of one's own named by its file: from the current directory, as on the command line
+    file_method = canonical(str(data["method"])) if data.get("method") else None
+    # a variant may use its method's space
+    if file_method not in (None, method) and not method.startswith(f"{file_method}-"):
+        raise UserError(
+            f"{where} is a space for {data['method']}, not {method}; name {data['method']} or pick another file."
+        )
     typed = {key for key, value in (overrides or {}).items() if value is not None}
 
     def named(key: str) -> str:  # a value is blamed where it was typed: the command line, or the file
         return f"--{key.replace('_', '-')}" if key in typed else f"{where}: {'stop.' if key in STOP_KEYS else ''}{key}"
 
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            if key == "scheduler" and isinstance(data.get("scheduler"), dict):  # --scheduler names the kind; the file's rest stays
-                data["scheduler"] = {**data["scheduler"], "kind": value}
-            elif key in STOP_KEYS:
-                data.setdefault("stop", {})
-                data["stop"] = {**(data["stop"] or {}), key: value}
-            else:
-                data[key] = value
+    _override(data, overrides or {})
     search_names = set(_mapping(data.get("search"), where, "search"))
     clash = search_names & set(settings or {})
     if clash:
-        raise UserError(f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two.")
-    fixed, typed_settings = absolute_settings({**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings")}), absolute_settings(settings or {})
-    resolved = resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])  # refused here, not by a search probe
+        raise UserError(
+            f"{where} searches {sorted(clash)[0]}, so it cannot also be fixed with --set; drop one of the two."
+        )
+    fixed, typed_settings = (
+        absolute_settings(
+            {**_shared_setting(data.get("setting"), where), **_mapping(data.get("settings"), where, "settings")}
+        ),
+        absolute_settings(settings or {}),
+    )
+    # a setting the run refuses is refused here, not by a search probe
+    resolved = resolve_layers(method, [(f"{where}: settings", fixed), ("--set", typed_settings)])
     settings = {**fixed, **typed_settings}
-    search_spec = _mapping(data.get("search"), where, "search")
-    if not search_spec:
-        raise UserError(f"{where}: 'search' names no setting to search; add at least one distribution.")
-    search, grids = {}, {}
-    for name, spec in search_spec.items():
-        dist, grid = _distribution(name, spec, where)
-        for value in _probe_values(dist):  # every value the sampler may produce must be a valid run
-            resolve_layers(method, [(f"{where}: settings", settings), (f"{where}: search.{name} = {value!r}", {name: value})])
-        search[name] = dist
-        if grid is not None:
-            grids[name] = grid
+    search, grids = _search(method, settings, _mapping(data.get("search"), where, "search"), where)
     space = Space(
-        method=method, settings=settings, search=search, grids=grids, source=where,
+        method=method,
+        settings=settings,
+        search=search,
+        grids=grids,
+        source=where,
         sampler=str(data.get("sampler") or ("grid" if len(grids) == len(search) else "tpe")),
         samples=_positive(data.get("samples", 10), named("samples")),
         select=str(data.get("select") or "val"),  # selecting on test accuracy would tune on the test set
         report_every=_positive(data.get("report_every", 1), named("report_every")),
         stop=_stopping(data.get("stop"), where, named),
-    )  # fmt: skip
+    )
     _check(space, resolved.rounds, named, samples_given="samples" in data)
-    space.population = read_scheduler(data.get("scheduler"), space, resolved, named, sampler_given="sampler" in data or "sampler" in typed)
+    space.population = read_scheduler(
+        data.get("scheduler"), space, resolved, named, sampler_given="sampler" in data or "sampler" in typed
+    )
     if space.select == "val" and resolved.val_frac == 0:  # selection needs a validation split
         space.settings = {**space.settings, "val_frac": 0.1}
     space.base_config()
     return space
+
+
+def _override(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """The options typed over the file's keys: top-level ones, `stop`'s, and the scheduler's kind (the file's other
+    scheduler keys stay)."""
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "scheduler" and isinstance(data.get("scheduler"), dict):
+            data["scheduler"] = {**data["scheduler"], "kind": value}
+        elif key in STOP_KEYS:
+            data["stop"] = {**(data.get("stop") or {}), key: value}
+        else:
+            data[key] = value
+
+
+def _search(method: str, settings: dict[str, Any], spec: dict[str, Any], where: str) -> tuple[dict, dict]:
+    """The `search` entry's distributions, and its grids in file order; every value a distribution may produce is
+    checked to be a valid run."""
+    if not spec:
+        raise UserError(f"{where}: 'search' names no setting to search; add at least one distribution.")
+    search, grids = {}, {}
+    for name, entry in spec.items():
+        dist, grid = _distribution(name, entry, where)
+        for value in _probe_values(dist):
+            probe = (f"{where}: search.{name} = {value!r}", {name: value})
+            resolve_layers(method, [(f"{where}: settings", settings), probe])
+        search[name] = dist
+        if grid is not None:
+            grids[name] = grid
+    return search, grids
 
 
 def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
@@ -182,7 +228,10 @@ def _shared_setting(name: Any, where: str) -> dict[str, Any]:
     if name is None:
         return {}
     if name not in SETTINGS:
-        raise UserError(f"{where}: unknown setting {name!r}; name one of {', '.join(SETTINGS)} or write the values under 'settings'.")
+        raise UserError(
+            f"{where}: unknown setting {name!r}; name one of {', '.join(SETTINGS)} or write the values under "
+            "'settings'."
+        )
     return dict(SETTINGS[name])
 
 
@@ -205,8 +254,16 @@ def _distribution(name: str, spec: Any, where: str) -> tuple[optuna.distribution
         if any(not isinstance(v, (bool, int, float, str)) for v in args):
             raise UserError(f"{where}: search.{name}: {kind} values must be numbers, strings or booleans.")
         return optuna.distributions.CategoricalDistribution(args), (list(args) if kind == "grid" else None)
-    if not (isinstance(args, list) and len(args) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args)):
-        text = next((v for v in args if isinstance(v, str) and _number(v) is not None), None) if isinstance(args, list) else None
+    if not (
+        isinstance(args, list)
+        and len(args) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args)
+    ):
+        text = (
+            next((v for v in args if isinstance(v, str) and _number(v) is not None), None)
+            if isinstance(args, list)
+            else None
+        )
         trap = f"; YAML reads {text} as text: write it {_number(text):.1e}" if text else ""  # 1e-4 has no decimal point
         raise UserError(f"{where}: search.{name}: {kind} needs [low, high], two numbers, not {args!r}{trap}.")
     low, high = args
@@ -252,7 +309,9 @@ def _stopping(value: Any, where: str, named) -> Stopping:
 def _check(space: Space, rounds: int, named, samples_given: bool) -> None:
     where = space.source
     if space.sampler != "grid" and space.sampler not in SAMPLERS:
-        raise UserError(f"{named('sampler')}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}.")
+        raise UserError(
+            f"{named('sampler')}: unknown sampler '{space.sampler}'; use one of grid, {', '.join(SAMPLERS)}."
+        )
     if space.sampler == "grid" and len(space.grids) != len(space.search):
         other = next(k for k in space.search if k not in space.grids)
         raise UserError(f"{where}: the grid sampler needs every distribution to be a grid, but search.{other} is not.")
@@ -263,5 +322,8 @@ def _check(space: Space, rounds: int, named, samples_given: bool) -> None:
     if space.sampler == "grid":
         points = space.grid_points()
         if samples_given and space.samples != points:  # a grid runs each point once: another count is a slip to say
-            space.notes.append(f"{named('samples')}: the grid sampler runs each of its {points} points once, so {points} trials, not {space.samples}.")
+            space.notes.append(
+                f"{named('samples')}: the grid sampler runs each of its {points} points once, so {points} "
+                f"trials, not {space.samples}."
+            )
         space.samples = points

@@ -21,7 +21,8 @@ def finished(run_dir: Path, rounds: int) -> bool:
 
 
 def tuner_run(args: list[str], campaign) -> subprocess.Popen | None:
-    """A `tuner run` process on the campaign's device (no Ray: what a trial does, without Tune); its output goes to OUT.log.
+    """A `tuner run` process on the campaign's device (no Ray: what a trial does, without Tune); its output goes to
+    OUT.log.
     A run folder with a checkpoint (an earlier command's run, stopped by its budget) is resumed; one that an earlier
     command finished is not started again (None)."""
     run_dir = Path(args[args.index("--out") + 1])
@@ -35,7 +36,13 @@ def tuner_run(args: list[str], campaign) -> subprocess.Popen | None:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.with_name(run_dir.name + ".log")
     with open(log, "a") as out:  # the child keeps its own copy of the descriptor; a resumed run's log goes on
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", *args, *extra], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "run", *args, *extra],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     proc.log = str(log)
     return proc
 
@@ -64,7 +71,20 @@ def wait_all(procs: list[subprocess.Popen], deadline: float) -> bool:
 def run_figures(run_dir: Path, finished: bool, seconds: float) -> dict:
     metrics = run_dir / "metrics.parquet"
     if not metrics.exists():
-        return {"rounds": 0, "finished": False, "seconds": seconds, "s_per_round": float("nan"), "best_acc": float("nan")}
+        return {
+            "rounds": 0,
+            "finished": False,
+            "seconds": seconds,
+            "s_per_round": float("nan"),
+            "best_acc": float("nan"),
+        }
     m = pd.read_parquet(metrics)
-    return {"rounds": int(m["round"].max()), "finished": finished, "seconds": seconds, "s_per_round": float(m["time_s"].median()),
-            "best_acc": float(m["acc"].max()), "final_acc": float(m["acc"].dropna().iloc[-1]), "dir": str(run_dir)}  # fmt: skip
+    return {
+        "rounds": int(m["round"].max()),
+        "finished": finished,
+        "seconds": seconds,
+        "s_per_round": float(m["time_s"].median()),
+        "best_acc": float(m["acc"].max()),
+        "final_acc": float(m["acc"].dropna().iloc[-1]),
+        "dir": str(run_dir),
+    }

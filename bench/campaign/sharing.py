@@ -20,12 +20,15 @@ def sharing(campaign, deadline: float) -> dict:
     start MPS, so the knee, which sets tuner sweep's default share of a GPU, is taken without it)."""
     ks = [1, 2] if campaign.args.smoke else [1, 2, 4, 8, 16]
     rates = rates_sharing(campaign, ks, deadline, "plain")
-    for fewer, more in zip(rates, list(rates)[1:]):  # the knee: more runs only while they add 10 % or more
+    # the knee: more runs only while they add 10 % or more
+    for fewer, more in zip(rates, list(rates)[1:], strict=False):
         if rates[more] < 1.1 * rates[fewer]:
             break
         campaign.knee = more
     out = {"rounds_per_second": rates, "best_k": campaign.knee}
-    line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (f"; best k = {campaign.knee}" if rates else "no time left")
+    line = ", ".join(f"k={k}: {v:.2f} rounds/s" for k, v in rates.items()) + (
+        f"; best k = {campaign.knee}" if rates else "no time left"
+    )
     mps = shutil.which("nvidia-cuda-mps-control") if campaign.device.startswith("cuda") else None
     if mps and time.monotonic() < deadline:
         with mps_daemon(mps, campaign.out / "mps"):
@@ -35,10 +38,14 @@ def sharing(campaign, deadline: float) -> dict:
         line += "; MPS: " + ("no time left" if mps else "not on this node")
     return {**out, "line": line}
 
+
 def rates_sharing(campaign, ks: list[int], deadline: float, label: str) -> dict[int, float]:
     rounds = 2 if campaign.args.smoke else 12
-    spec = ["fedavg", "--dataset", "digits", "--partition", "dir:0.3", "--clients", "4"] if campaign.args.smoke else \
-           ["gpfl", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20"]  # fmt: skip
+    spec = (
+        ["fedavg", "--dataset", "digits", "--partition", "dir:0.3", "--clients", "4"]
+        if campaign.args.smoke
+        else ["gpfl", "--dataset", "fmnist", "--partition", "dir:0.1", "--clients", "20"]
+    )
     rates = {}
     for k in ks:
         if time.monotonic() > deadline:
@@ -46,8 +53,13 @@ def rates_sharing(campaign, ks: list[int], deadline: float, label: str) -> dict[
         dirs = [campaign.out / "sharing" / label / f"k{k}-{i}" for i in range(k)]
         for d in dirs:  # a measurement, never resumed from an earlier command's
             shutil.rmtree(d, ignore_errors=True)
-        procs = [tuner_run([*spec, "--rounds", str(rounds), "--set", f"eval_gap={rounds}", "--set", f"seed={i}", "--out", str(d)], campaign)
-                 for i, d in enumerate(dirs)]  # fmt: skip
+        procs = [
+            tuner_run(
+                [*spec, "--rounds", str(rounds), "--set", f"eval_gap={rounds}", "--set", f"seed={i}", "--out", str(d)],
+                campaign,
+            )
+            for i, d in enumerate(dirs)
+        ]
         if not wait_all(procs, deadline):
             break
         # Steady-state throughput: rounds after each process's first (which compiles), over the time they took.

@@ -11,15 +11,25 @@ import torch
 from bench.engine_speed import NotCompiled, measure, table1, what_ran
 from tuner.run import build_simulation
 
-SPEED_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac", "pfedme", "pfedhn", "fedem"]  # the targets: Table 1 settings; the last three ≤ 3× FedAvg
+SPEED_METHODS = [
+    "fedavg",
+    "gpfl",
+    "fedcp",
+    "fedpac",
+    "pfedme",
+    "pfedhn",
+    "fedem",
+]  # the targets: Table 1 settings; the last three ≤ 3× FedAvg
 
 
 def speed(campaign, deadline: float) -> dict:
     out: dict = {}
-    for method in ["fedavg"] if campaign.args.smoke else campaign.args.speed_methods:  # smoke: every figure's code, once
+    # smoke: every figure's code, once
+    for method in ["fedavg"] if campaign.args.smoke else campaign.args.speed_methods:
         if time.monotonic() > deadline:
             break
-        smoke = dict(dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")  # the bench's code, in seconds
+        # the bench's code, in seconds
+        smoke = dict(dataset="digits", partition="dir:0.3", clients=4, batch_size=40, backbone="mlp")
         figures = out[method] = {}
         try:
             if campaign.args.smoke:
@@ -39,14 +49,19 @@ def speed(campaign, deadline: float) -> dict:
 
 def speed_result(out: dict) -> dict:
     """The stage's result from the figures measured so far: a method stopped mid-measure shows what it reached."""
+
     def part(m: str, r: dict) -> str:
         if "not compiled" in r or "error" in r:
             return f"{m}: " + (f"not compiled ({r['not compiled']})" if "not compiled" in r else r["error"])
         if "second trial programs" not in r:
             return f"{m}: stopped before its figures were complete"
-        return (f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round {r['compile + first round s']:.0f} s, "
-                f"a second trial's {r['second trial: compile + first round s']:.1f} s, {r['second trial programs']} programs; CUDA graphs "
-                f"{r['graph calls']} calls, {r['graph skips']} skipped)")  # fmt: skip
+        return (
+            f"{m} {r['eager s/round']:.3g} -> {r['compiled s/round']:.3g} s/round (compile + first round "
+            f"{r['compile + first round s']:.0f} s, "
+            f"a second trial's {r['second trial: compile + first round s']:.1f} s, "
+            f"{r['second trial programs']} programs; CUDA graphs "
+            f"{r['graph calls']} calls, {r['graph skips']} skipped)"
+        )
 
     parts = [part(m, r) for m, r in out.items()]
     return {"figures": out, "line": "; ".join(parts) if parts else "no time left"}
@@ -86,7 +101,8 @@ def profile(campaign, deadline: float) -> dict:
         sim.executor.train(phases, cohort, sim.server, at, 0)
         sync()
     wall = time.perf_counter() - t0
-    if cuda:  # the GPU's own events (kernels, copies): a CPU op's device time repeats its kernels', an annotation spans them
+    # the GPU's own events (kernels, copies): a CPU op's device time repeats its kernels', an annotation spans them
+    if cuda:
         on_gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
         names = {e.key for e in on_gpu}
         busy = busy_seconds([(e.time_range.start, e.time_range.end) for e in on_gpu]) / 1e6 / wall
@@ -94,10 +110,16 @@ def profile(campaign, deadline: float) -> dict:
     else:
         busy, averages = float("nan"), list(prof.key_averages())
     time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    kernels = [{"name": e.key[:80], "calls": e.count, "ms": time_of(e) / 1e3} for e in sorted(averages, key=time_of, reverse=True)[:10]]
+    kernels = [
+        {"name": e.key[:80], "calls": e.count, "ms": time_of(e) / 1e3}
+        for e in sorted(averages, key=time_of, reverse=True)[:10]
+    ]
     if why := sim.executor.ran.not_compiled():  # the profile of an eager fallback is not the compiled engine's
         raise NotCompiled(f"the profiled steps {why}")
     ran = what_ran(sim)
-    line = (f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; CUDA graphs {ran['graph calls']} calls, {ran['graph skips']} "
-            f"skipped; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)")  # fmt: skip
+    line = (
+        f"20 steps in {wall:.3f} s; device busy {100 * busy:.0f} % of the wall time; CUDA graphs "
+        f"{ran['graph calls']} calls, {ran['graph skips']} "
+        f"skipped; top: {kernels[0]['name']} ({kernels[0]['ms']:.1f} ms)"
+    )
     return {"wall_s": wall, "device_busy_share": busy, "top": kernels, **ran, "line": line}

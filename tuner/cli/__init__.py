@@ -14,11 +14,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from tuner.config import RunConfig, parse_set, resolve_layers
-
-from tuner.files import load_yaml, user_path
 from tuner.errors import UserError
+from tuner.files import load_yaml, user_path
 
-app = typer.Typer(help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Hyperparameter search for personalized federated learning.", no_args_is_help=True, add_completion=False
+)
 data_app = typer.Typer(help="Look at datasets and partitions.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 console = Console()
@@ -38,7 +39,10 @@ def user_errors(fn):
         except OSError as e:  # a full disk, a folder that went read-only or away: what was written stays
             if e.filename is None:
                 raise
-            said = f"cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}, and the files written before stay whole (every write replaces a file at once)."
+            said = (
+                f"cannot write or read {e.filename} ({e.strerror}); {io_advice(e)}, and the files written "
+                "before stay whole (every write replaces a file at once)."
+            )
             err.print(f"[bold red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:  # a command without a stop of its own (run and sweep have theirs)
@@ -66,7 +70,10 @@ def absolute(value):
     return [user_path(v) for v in value] if isinstance(value, (list, tuple)) else user_path(value)
 
 
-SET_HELP = "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."
+SET_HELP = (
+    "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, "
+    "local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."
+)
 
 
 def make_config(method: str, config: Path | None, options: dict, sets: list[str]) -> RunConfig:

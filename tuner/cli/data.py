@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -15,11 +14,22 @@ from tuner.data.user_data import is_user_data
 @data_app.command("show")
 @user_errors
 def data_show(
-    dataset: str = typer.Option("fmnist", help="A built-in dataset's name, or your own data as a path: a .parquet or .npz file, or PFLlib's train/ and test/ folders."),
+    dataset: str = typer.Option(
+        "fmnist",
+        help="A built-in dataset's name, or your own data as a path: a .parquet or .npz file, or PFLlib's "
+        "train/ and test/ folders.",
+    ),
     partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA, pac:S, or natural (your data's own clients)."),
-    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20; with --partition natural, the data's own]."),
+    clients: int | None = typer.Option(
+        None, help="Number of clients [default: 20; with --partition natural, the data's own]."
+    ),
     out: Path = typer.Option(Path("partition.png"), callback=absolute, help="PNG file to draw the partition into."),
-    set_: list[str] = typer.Option([], "--set", help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, pac_train, pac_test, data_dir."),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Other data settings as name=value: seed, train_frac, val_frac, balance, groups, shift, "
+        "pac_train, pac_test, data_dir.",
+    ),
 ):
     """Draw a partition as the papers do (clients x classes, circle size = samples) and summarize it."""
     import torch

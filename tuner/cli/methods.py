@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -14,9 +12,13 @@ from tuner.plugins import method_class
 @app.command()
 @user_errors
 def methods(
-    template: Optional[str] = typer.Option(None, help="Print a starting file for a method of your own called NAME: tuner methods --template fednew > fednew.py"),
+    template: str | None = typer.Option(
+        None,
+        help="Print a starting file for a method of your own called NAME: tuner methods --template fednew > fednew.py",
+    ),
 ):
-    """List every method and variant: its paper, the code it follows, what it shares and its hyperparameters; with those installed packages add."""
+    """List every method and variant: its paper, the code it follows, what it shares and its hyperparameters;
+    with those installed packages add."""
     if template is not None:
         from tuner.method_template import template as starting_file
 

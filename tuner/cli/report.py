@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,9 +13,17 @@ from tuner.cli.tables import print_best, print_tables
 @app.command()
 @user_errors
 def report(
-    results: list[Path] = typer.Argument(..., callback=absolute, help="Run directories, sweeps, or folders holding them (searched recursively)."),
-    out: Path = typer.Option(Path("results/report"), callback=absolute, help="Directory for the Parquet tables, Markdown, LaTeX and plots."),
-    select: Optional[str] = typer.Option(None, help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation round [default: each run's own rule: its sweep's select, else test]."),
+    results: list[Path] = typer.Argument(
+        ..., callback=absolute, help="Run directories, sweeps, or folders holding them (searched recursively)."
+    ),
+    out: Path = typer.Option(
+        Path("results/report"), callback=absolute, help="Directory for the Parquet tables, Markdown, LaTeX and plots."
+    ),
+    select: str | None = typer.Option(
+        None,
+        help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation "
+        "round [default: each run's own rule: its sweep's select, else test].",
+    ),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""
     from tuner.report.write import report as build_report
@@ -26,12 +33,21 @@ def report(
         err.print(f"skipped {line}", highlight=False, soft_wrap=True, markup=False)
     console.print(f"{result['runs']} runs ({result['failed']} failed); {result['note']}")
     if result["unselectable"]:
-        err.print(f"{result['unselectable']} runs have no accuracy to select by ({'validation' if select == 'val' else 'no evaluated round'}) and are left out of the tables.")
+        err.print(
+            f"{result['unselectable']} runs have no accuracy to select by "
+            f"({'validation' if select == 'val' else 'no evaluated round'}) and are left out of the tables."
+        )
     if result["tables"].empty:
-        console.print("None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet.")
+        console.print(
+            "None of these runs is in a setting of the papers' tables; the per-run summary is in runs.parquet."
+        )
     for sweep in result["best"].to_dict("records") if not result["best"].empty else []:
         if sweep["running"]:
-            err.print(f"note: sweep {sweep['path']} is {sweep['running']}; its figures are those so far.", markup=False, soft_wrap=True)
+            err.print(
+                f"note: sweep {sweep['path']} is {sweep['running']}; its figures are those so far.",
+                markup=False,
+                soft_wrap=True,
+            )
     print_tables(result["tables"])
     print_best(result["best"])
     console.print("written: " + ", ".join(str(p) for p in result["files"]))

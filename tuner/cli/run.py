@@ -6,15 +6,14 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from tuner.cli import SET_HELP, absolute, app, at_least, console, err, make_config, user_errors
-from tuner.files import user_path
 from tuner.errors import UserError
+from tuner.files import user_path
 from tuner.interrupts import StopAtRoundEnd
 from tuner.plugins import canonical, method_class
 
@@ -22,19 +21,46 @@ from tuner.plugins import canonical, method_class
 @app.command()
 @user_errors
 def run(
-    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), e.g. fedavg, gpfl, fedpac-fa; or your own as path/to/file.py:ClassName."),
-    dataset: Optional[str] = typer.Option(None, help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; or your own data as a path: a .parquet or .npz file (x, y, optionally client and split), or PFLlib's train/ and test/ folders (docs/own_code.md) [default: fmnist]."),
-    partition: Optional[str] = typer.Option(None, help="iid, pat:N (N classes per client), dir:BETA (Dirichlet), pac:S (FedPAC, S % uniform), or natural (your data's own clients) [default: dir:0.1]."),
-    clients: Optional[int] = typer.Option(None, help="Number of clients [default: 20; with --partition natural, the data's own]."),
-    rounds: Optional[int] = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
-    out: Optional[Path] = typer.Option(None, callback=absolute, help="Directory for config.yaml, metrics.parquet and checkpoint.pt; one that holds a run is refused unless --resume [default: results/runs/METHOD-DATE-TIME]."),
-    config: Optional[Path] = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
+    method: str = typer.Argument(
+        ...,
+        help="Method or variant name (see `tuner methods`), e.g. fedavg, gpfl, fedpac-fa; or your own as "
+        "path/to/file.py:ClassName.",
+    ),
+    dataset: str | None = typer.Option(
+        None,
+        help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; or your "
+        "own data as a path: a .parquet or .npz file (x, y, optionally client and split), or PFLlib's train/ "
+        "and test/ folders (docs/own_code.md) [default: fmnist].",
+    ),
+    partition: str | None = typer.Option(
+        None,
+        help="iid, pat:N (N classes per client), dir:BETA (Dirichlet), pac:S (FedPAC, S % uniform), or "
+        "natural (your data's own clients) [default: dir:0.1].",
+    ),
+    clients: int | None = typer.Option(
+        None, help="Number of clients [default: 20; with --partition natural, the data's own]."
+    ),
+    rounds: int | None = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
+    out: Path | None = typer.Option(
+        None,
+        callback=absolute,
+        help="Directory for config.yaml, metrics.parquet and checkpoint.pt; one that holds a run is refused "
+        "unless --resume [default: results/runs/METHOD-DATE-TIME].",
+    ),
+    config: Path | None = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     resume: bool = typer.Option(False, help="Continue the run in --out from its checkpoint up to --rounds."),
-    schedule: Optional[Path] = typer.Option(None, callback=absolute, help="Replay settings round by round from this file: a trial's rounds.parquet (a population-based sweep's; `tuner report` writes the best one's) or a CSV of round and one column a setting [--rounds default: its last round]."),
+    schedule: Path | None = typer.Option(
+        None,
+        callback=absolute,
+        help="Replay settings round by round from this file: a trial's rounds.parquet (a population-based "
+        "sweep's; `tuner report` writes the best one's) or a CSV of round and one column a setting [--rounds "
+        "default: its last round].",
+    ),
 ):
     """Run one federated simulation and write its per-round metrics."""
-    from tuner.run import RunDir, run as run_simulation
+    from tuner.run import RunDir
+    from tuner.run import run as run_simulation
     from tuner.schedule import load_schedule
 
     if out is None:
@@ -55,10 +81,15 @@ def run(
         cfg = replace(cfg, rounds=len(table))
     done = 0
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("acc {task.fields[acc]}  best test {task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, transient=False,
-    ) as progress:  # fmt: skip
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}  best test {task.fields[best]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task(f"{method_class(cfg.method).name} round", total=cfg.rounds, acc="-", best="-")
 
         def on_round(row: dict) -> None:
@@ -77,9 +108,17 @@ def run(
         if sim is None or sim.round < cfg.rounds:
             progress.stop()
             saved = RunDir(out).saved_round()
-            advice = (f"continue from its checkpoint of round {saved} with: tuner run {cfg.method} --resume --out {out}" if saved is not None
-                      else "no checkpoint was written yet, so run it again without --resume")  # fmt: skip
-            err.print(f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}", markup=False, highlight=False, soft_wrap=True)
+            advice = (
+                f"continue from its checkpoint of round {saved} with: tuner run {cfg.method} --resume --out {out}"
+                if saved is not None
+                else "no checkpoint was written yet, so run it again without --resume"
+            )
+            err.print(
+                f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(130)
     summarize(sim.history, out, time.perf_counter() - t0, done)
 
@@ -91,7 +130,9 @@ def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -
         best = max(evals, key=lambda h: h["acc"])
         table.add_row("best accuracy", f"{100 * best['acc']:.2f}% (round {best['round']})")
         last = evals[-1]
-        table.add_row("last accuracy", f"{100 * last['acc']:.2f}% (round {last['round']}), client std {100 * last['acc_std']:.2f}")
+        table.add_row(
+            "last accuracy", f"{100 * last['acc']:.2f}% (round {last['round']}), client std {100 * last['acc_std']:.2f}"
+        )
         if "val_acc" in last:
             table.add_row("last val accuracy", f"{100 * last['val_acc']:.2f}%")
     table.add_row("rounds run", f"{rounds_run} in {seconds:.1f} s ({seconds / max(rounds_run, 1):.2f} s/round)")

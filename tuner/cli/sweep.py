@@ -4,7 +4,6 @@ paper's table)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -13,8 +12,8 @@ from rich.table import Table
 from tuner.cli import absolute, app, at_least, console, err, user_errors
 from tuner.cli.tables import chosen_by, print_tables
 from tuner.config import parse_set
-from tuner.files import user_path
 from tuner.errors import UserError
+from tuner.files import user_path
 from tuner.plugins import method_class
 from tuner.sweep.schedulers import SCHEDULERS
 
@@ -24,36 +23,82 @@ SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
 @app.command()
 @user_errors
 def sweep(
-    method: str = typer.Argument(..., help="Method or variant name (see `tuner methods`), or your own as path/to/file.py:ClassName."),
+    method: str = typer.Argument(
+        ..., help="Method or variant name (see `tuner methods`), or your own as path/to/file.py:ClassName."
+    ),
     space: Path = typer.Option(..., callback=absolute, help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
-    name: Optional[str] = typer.Option(None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."),
-    storage: Path = typer.Option(Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."),
-    samples: Optional[int] = typer.Option(None, help="Number of trials [default: the space's samples]."),
-    sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."),
-    select: Optional[str] = typer.Option(None, help="val: test accuracy at the best validation round (honest, the default); test: best test accuracy over rounds, as the papers report [default: the space's, else val]."),
-    seeds: int = typer.Option(0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."),
-    vary_partition: bool = typer.Option(False, help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, as in the papers."),
-    grace: Optional[int] = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
-    scheduler: Optional[str] = typer.Option(None, help=f"{SCHEDULERS_HELP} [default: the space's, else asha]."),
-    patience: Optional[int] = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
-    max_total_rounds: Optional[int] = typer.Option(None, help="End the sweep after this many rounds over all trials."),
-    set_: list[str] = typer.Option([], "--set", help="Add to the space's fixed settings, as name=value (repeatable), e.g. rounds=20."),
+    name: str | None = typer.Option(
+        None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."
+    ),
+    storage: Path = typer.Option(
+        Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."
+    ),
+    samples: int | None = typer.Option(None, help="Number of trials [default: the space's samples]."),
+    sampler: str | None = typer.Option(
+        None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."
+    ),
+    select: str | None = typer.Option(
+        None,
+        help="val: test accuracy at the best validation round (honest, the default); test: best test accuracy "
+        "over rounds, as the papers report [default: the space's, else val].",
+    ),
+    seeds: int = typer.Option(
+        0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."
+    ),
+    vary_partition: bool = typer.Option(
+        False,
+        help="Give each seed rerun its own partition too (partition_seed = seed); by default all share one, "
+        "as in the papers.",
+    ),
+    grace: int | None = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
+    scheduler: str | None = typer.Option(None, help=f"{SCHEDULERS_HELP} [default: the space's, else asha]."),
+    patience: int | None = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
+    max_total_rounds: int | None = typer.Option(None, help="End the sweep after this many rounds over all trials."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Add to the space's fixed settings, as name=value (repeatable), e.g. rounds=20."
+    ),
     cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per trial."),
-    gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial, fractional to share one GPU [default: 0.5 if the cluster has GPUs (two trials a GPU, the measured knee: docs/performance.md), else 0]."),
-    max_concurrent: Optional[int] = typer.Option(None, help="At most this many trials at once [default: as resources allow]."),
-    address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. auto, or HEAD_IP:6379) instead of starting a local one."),
-    study_db: Optional[Path] = typer.Option(None, callback=absolute, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."),
-    resume: bool = typer.Option(False, help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume from their checkpoints."),
+    gpus_per_trial: float | None = typer.Option(
+        None,
+        help="GPUs per trial, fractional to share one GPU [default: 0.5 if the cluster has GPUs (two trials a "
+        "GPU, the measured knee: docs/performance.md), else 0].",
+    ),
+    max_concurrent: int | None = typer.Option(
+        None, help="At most this many trials at once [default: as resources allow]."
+    ),
+    address: str | None = typer.Option(
+        None, help="Join a running Ray cluster (e.g. auto, or HEAD_IP:6379) instead of starting a local one."
+    ),
+    study_db: Path | None = typer.Option(
+        None, callback=absolute, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume "
+        "from their checkpoints.",
+    ),
     verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
-    compile_cache: Optional[Path] = typer.Option(None, callback=absolute, help="Folder where trials keep their compiled programs, shared by the sweep's trials and kept for later sweeps; a new folder starts cold [default: STORAGE/.compile-cache]."),
+    compile_cache: Path | None = typer.Option(
+        None,
+        callback=absolute,
+        help="Folder where trials keep their compiled programs, shared by the sweep's trials and kept for "
+        "later sweeps; a new folder starts cold [default: STORAGE/.compile-cache].",
+    ),
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
     from tuner.space import load_space
     from tuner.sweep.cluster import Resources
     from tuner.sweep.stages import sweep as run_sweep
 
-    overrides = {"samples": samples, "sampler": sampler, "select": select, "grace": grace, "patience": patience, "max_total_rounds": max_total_rounds,
-                 "scheduler": scheduler}  # fmt: skip
+    overrides = {
+        "samples": samples,
+        "sampler": sampler,
+        "select": select,
+        "grace": grace,
+        "patience": patience,
+        "max_total_rounds": max_total_rounds,
+        "scheduler": scheduler,
+    }
     sp = load_space(space, method, overrides, parse_set(set_))
     stem, short = space.stem, method_class(sp.method).name  # a method of one's own: its name, not its file
     sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(short) else f"{short}-{stem}")).expanduser())
@@ -62,12 +107,23 @@ def sweep(
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
     for note in sp.notes:
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    how = f"{sp.population.kind} over {', '.join(sp.population.mutate)} every {sp.population.interval} rounds" if sp.population else f"sampler {sp.sampler}"
-    console.print(f"sweep {sweep_dir}: {sp.samples} trials of {short}, {how}, selecting by {sp.select} accuracy", markup=False)
-    summary = run_sweep(sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db)
+    how = (
+        f"{sp.population.kind} over {', '.join(sp.population.mutate)} every {sp.population.interval} rounds"
+        if sp.population
+        else f"sampler {sp.sampler}"
+    )
+    console.print(
+        f"sweep {sweep_dir}: {sp.samples} trials of {short}, {how}, selecting by {sp.select} accuracy", markup=False
+    )
+    summary = run_sweep(
+        sp, sweep_dir, res, seeds=seeds, vary_partition=vary_partition, resume=resume, study_db=study_db
+    )
     table = Table(title=f"Sweep {sweep_dir.name}", show_header=False)
     best = summary["best"]
-    table.add_row("best configuration", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()))
+    table.add_row(
+        "best configuration",
+        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["best_config"].items()),
+    )
     table.add_row("chosen by", chosen_by(sp.select, best.get("best_val_acc"), best.get("best_val_round")))
     table.add_row("selected test accuracy", f"{100 * best['selected_acc']:.2f}% (round {best['best_round']})")
     if summary.get("ended_by"):
@@ -84,19 +140,41 @@ def sweep(
 @app.command()
 @user_errors
 def reproduce(
-    table: str = typer.Argument(..., help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, fedpac-table2, ... (see --help)."),
+    table: str = typer.Argument(
+        ..., help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, fedpac-table2, ... (see --help)."
+    ),
     seeds: int = typer.Option(3, help="Seeds per cell (the papers report mean ± std over 3 or 5)."),
-    vary_partition: bool = typer.Option(False, help="Give each seed its own partition too (partition_seed = seed); by default all share one, as in the papers."),
-    rounds: Optional[int] = typer.Option(None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."),
+    vary_partition: bool = typer.Option(
+        False,
+        help="Give each seed its own partition too (partition_seed = seed); by default all share one, as in "
+        "the papers.",
+    ),
+    rounds: int | None = typer.Option(
+        None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."
+    ),
     dataset: list[str] = typer.Option([], help="Only these datasets (repeatable), e.g. --dataset fmnist."),
-    method: list[str] = typer.Option([], help="Only these methods (repeatable), e.g. --method gpfl; one of your own (--method ./mine.py:FedNew) runs in every setting of the table."),
-    patience: Optional[int] = typer.Option(None, help="Stop a run whose best round is more than this many rounds old."),
-    set_: list[str] = typer.Option([], "--set", help="Settings for every cell as name=value, e.g. eval_gap=5 or executor=sequential."),
-    storage: Path = typer.Option(Path("results/reproduce"), callback=absolute, help="Directory for the experiment (one every node can see on a cluster)."),
+    method: list[str] = typer.Option(
+        [],
+        help="Only these methods (repeatable), e.g. --method gpfl; one of your own (--method "
+        "./mine.py:FedNew) runs in every setting of the table.",
+    ),
+    patience: int | None = typer.Option(None, help="Stop a run whose best round is more than this many rounds old."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Settings for every cell as name=value, e.g. eval_gap=5 or executor=sequential."
+    ),
+    storage: Path = typer.Option(
+        Path("results/reproduce"),
+        callback=absolute,
+        help="Directory for the experiment (one every node can see on a cluster).",
+    ),
     cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per run."),
-    gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per run, fractional to share one [default: 0.5 if the cluster has GPUs (two runs a GPU, the measured knee), else 0]."),
-    max_concurrent: Optional[int] = typer.Option(None, help="At most this many runs at once."),
-    address: Optional[str] = typer.Option(None, help="Join a running Ray cluster instead of starting a local one."),
+    gpus_per_trial: float | None = typer.Option(
+        None,
+        help="GPUs per run, fractional to share one [default: 0.5 if the cluster has GPUs (two runs a GPU, "
+        "the measured knee), else 0].",
+    ),
+    max_concurrent: int | None = typer.Option(None, help="At most this many runs at once."),
+    address: str | None = typer.Option(None, help="Join a running Ray cluster instead of starting a local one."),
     resume: bool = typer.Option(False, help="Continue an interrupted reproduction."),
     verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
 ):
@@ -109,8 +187,19 @@ def reproduce(
     at_least("--rounds", rounds, 1)
     at_least("--patience", patience, 1)
     res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
-    sweep_dir, skipped = run_reproduction(table, storage, res, seeds=seeds, rounds=rounds, datasets=dataset, methods=method,
-                                          patience=patience, settings=parse_set(set_), vary_partition=vary_partition, resume=resume)  # fmt: skip
+    sweep_dir, skipped = run_reproduction(
+        table,
+        storage,
+        res,
+        seeds=seeds,
+        rounds=rounds,
+        datasets=dataset,
+        methods=method,
+        patience=patience,
+        settings=parse_set(set_),
+        vary_partition=vary_partition,
+        resume=resume,
+    )
     for reason in skipped:
         err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
     from tuner.papers import TABLES
@@ -118,5 +207,7 @@ def reproduce(
     result = build_report([sweep_dir], sweep_dir / "report")
     tables = result["tables"]
     paper_name, table_name = TABLES[table].paper, TABLES[table].name
-    print_tables(tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables)
+    print_tables(
+        tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables
+    )
     console.print(f"tables and plots in {sweep_dir / 'report'}")

@@ -12,7 +12,8 @@ from tuner.cli import console
 
 
 def chosen_by(select: str, val_acc: float | None, val_round: float | None) -> str:
-    """The figure that chose a trial: its best validation accuracy, or (the papers' convention) its best test accuracy."""
+    """The figure that chose a trial: its best validation accuracy, or (the papers' convention) its best test
+    accuracy."""
     if select == "test":
         return "best test accuracy (the papers' convention)"
     return f"best val {100 * val_acc:.2f}% (round {int(val_round)})"
@@ -23,14 +24,36 @@ def print_best(best) -> None:
     if best.empty:
         return
     table = Table(title="Best configuration of each sweep")
-    for col in ("sweep", "method", "trials (failed, early)", "best configuration", "chosen by", "selected test acc", "seed reruns"):
+    for col in (
+        "sweep",
+        "method",
+        "trials (failed, early)",
+        "best configuration",
+        "chosen by",
+        "selected test acc",
+        "seed reruns",
+    ):
         table.add_column(col)
     missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
     for r in best.to_dict("records"):
-        acc = "-" if missing(r.get("selected_acc")) else f"{100 * r['selected_acc']:.2f}% (round {int(r['best_round'])})"
-        seeds = "-" if missing(r.get("seeds")) else f"{100 * r['seeds_mean']:.2f} ± {100 * r['seeds_std']:.2f}% (n={int(r['seeds'])})"
+        acc = (
+            "-" if missing(r.get("selected_acc")) else f"{100 * r['selected_acc']:.2f}% (round {int(r['best_round'])})"
+        )
+        seeds = (
+            "-"
+            if missing(r.get("seeds"))
+            else f"{100 * r['seeds_mean']:.2f} ± {100 * r['seeds_std']:.2f}% (n={int(r['seeds'])})"
+        )
         chosen = "-" if missing(r.get("selected_acc")) else chosen_by(r["selected_by"], r["val_acc"], r["val_round"])
-        table.add_row(r["sweep"], r["method"], f"{r['trials']} ({r['failed']}, {r['stopped_early']})", escape(str(r.get("config", "-"))), chosen, acc, seeds)
+        table.add_row(
+            r["sweep"],
+            r["method"],
+            f"{r['trials']} ({r['failed']}, {r['stopped_early']})",
+            escape(str(r.get("config", "-"))),
+            chosen,
+            acc,
+            seeds,
+        )
     console.print(table)
 
 

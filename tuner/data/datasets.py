@@ -144,7 +144,7 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool, kind: str, cla
         parts = [cls(str(root), train=train) for train in (True, False)]
     except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
         raise UserError(f"No whole {name} at {root / cls.base_folder} ({str(e).split('.')[0].lower()}); pass --set data_dir=FOLDER "
-                        f"holding {cls.base_folder}/ as torchvision unpacks it, or download it again.") from None  # fmt: skip
+                        f"holding {cls.base_folder}/ as torchvision unpacks it, or download it again.") from None
     x = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # torchvision keeps (N, H, W, C)
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     return Dataset(name, torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), classes, "image")

@@ -124,4 +124,4 @@ def build(ds: Dataset, part: Partition, shift: str, seed: int, normalize: str, d
     val = make(part.val) if any(len(v) for v in part.val) else None
     names = [ds.client_ids[o] for o in part.owners] if part.owners is not None and ds.client_ids else None
     return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize), ds.vocab,
-                         client_names=names)  # fmt: skip
+                         client_names=names)

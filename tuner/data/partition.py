@@ -46,7 +46,7 @@ class PartitionSpec:
 
 
 RANGES = {"pat": "a whole number of classes per client, at least 1", "dir": "a Dirichlet concentration above 0",
-          "pac": "the uniform share in %, from 0 to 100"}  # fmt: skip
+          "pac": "the uniform share in %, from 0 to 100"}
 
 
 def parse_partition(text: str) -> tuple[str, float | None]:
@@ -80,7 +80,7 @@ class Partition:
 
 
 def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_groups: list[list[int]] | None = None, dataset: str = "",
-              owners: np.ndarray | None = None, is_train: np.ndarray | None = None) -> Partition:  # fmt: skip
+              owners: np.ndarray | None = None, is_train: np.ndarray | None = None) -> Partition:
     """Partition the pooled labels over spec.clients clients, cached under `dataset` (a user's data, whose
     file may change, is never cached). natural: `owners` gives each sample's client, `is_train` the split."""
     path = CACHE_ROOT / f"{dataset}-{spec.kind}-{spec.key(dataset, len(labels))}.npz"

@@ -42,5 +42,5 @@ def summary_rows(data: FederatedData) -> list[dict]:
         rows.append({
             "client": i, "group": int(data.group[i]), "train": int(c.sum()), "test": data.test.counts[i], "val": val[i],
             "classes": int((c > 0).sum()), "top class": f"{int(c.argmax())} ({100 * c.max() / max(c.sum(), 1):.0f}%)",
-        })  # fmt: skip
+        })
     return rows

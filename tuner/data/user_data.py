@@ -128,7 +128,7 @@ def _pfllib_folder(p: Path):
         if missing:
             said = f"config.json says {clients} clients" if config.get("num_clients") == clients else f"clients are numbered 0 ... {clients - 1}"
             raise UserError(f"Folder {p}: {split}/ lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({said}); "
-                            "regenerate the dataset, or fix config.json.")  # fmt: skip
+                            "regenerate the dataset, or fix config.json.")
     xs, ys, owners, splits = [], [], [], []
     for split in SPLITS:
         for client in range(clients):
@@ -144,7 +144,7 @@ def _pfllib_folder(p: Path):
     classes = config.get("num_classes")
     if classes is not None and len(y) and classes != int(y.max()) + 1:
         raise UserError(f"Folder {p}: config.json says num_classes {classes}, but the clients' labels run 0 ... {int(y.max())} "
-                        f"({int(y.max()) + 1} classes); fix config.json or regenerate the dataset.")  # fmt: skip
+                        f"({int(y.max()) + 1} classes); fix config.json or regenerate the dataset.")
     return np.concatenate(xs), y, np.concatenate(owners), np.concatenate(splits)
 
 
@@ -172,7 +172,7 @@ def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
     except (KeyError, TypeError, ValueError, OSError) as e:
         raise UserError(f"{f} is not one of PFLlib's client files (a 'data' dict of x and y): {type(e).__name__}: {e}") from None
     raise UserError(f"{f} holds PFLlib's text format (each x a (tokens, length) pair), which is not read; "
-                    "write the token ids as one integer array per client, or use the built-in agnews.")  # fmt: skip
+                    "write the token ids as one integer array per client, or use the built-in agnews.")
 
 
 # ---------------------------------------------------------------- checks, and the Dataset
@@ -210,7 +210,7 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
             if empty:
                 raise UserError(f"Dataset {p}: client {ids[empty[0]]} has no training samples; give it some or drop it.")
     return Dataset(name=p.stem, x=tensor, y=torch.from_numpy(y), num_classes=int(y.max()) + 1, kind="image" if image else "signal",
-                   owners=owners, is_train=is_train, client_ids=ids)  # fmt: skip
+                   owners=owners, is_train=is_train, client_ids=ids)
 
 
 def _labels(y: np.ndarray, p: Path) -> np.ndarray:
@@ -226,5 +226,5 @@ def _labels(y: np.ndarray, p: Path) -> np.ndarray:
         missing = sorted(set(range(found[-1] + 1)) - set(found.tolist()))
         shown = ", ".join(map(str, found[:12])) + (", ..." if len(found) > 12 else "")
         raise UserError(f"Dataset {p}: y's labels are {shown}, with no sample of class {', '.join(map(str, missing[:5]))}; "
-                        f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1).")  # fmt: skip
+                        f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1).")
     return y

@@ -23,19 +23,33 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
         scored = trials[trials[SCORE].notna()]
         unfinished = int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())
         running = lock_holder(sweep_dir)  # while the sweep runs, an unfinished trial may be running, not stopped
-        row = {"sweep": sweep_dir.name, "path": str(sweep_dir), "method": trials["title"].iloc[0], "trials": len(trials),
-               "failed": int((trials["failed"] != "").sum()), "stopped_early": 0 if running else unfinished,
-               "running": f"running ({running}): {unfinished} trials unfinished" if running else ""}  # fmt: skip
+        row = {
+            "sweep": sweep_dir.name,
+            "path": str(sweep_dir),
+            "method": trials["title"].iloc[0],
+            "trials": len(trials),
+            "failed": int((trials["failed"] != "").sum()),
+            "stopped_early": 0 if running else unfinished,
+            "running": f"running ({running}): {unfinished} trials unfinished" if running else "",
+        }
         if not scored.empty:
             best = scored.loc[best_run(scored)]  # by the selection rule, as the sweep's console chose
             cfg = runs[best.name]["config"]
             schedule = runs[best.name].get("schedule")
             if schedule is not None:  # a population-based sweep: its best is a schedule, replayed from these files
                 row["schedule"] = f"schedule-{sweep_dir.name}.csv"
-            row |= {"selected_by": best["selected_by"], "val_acc": best["val_acc"], "val_round": best["val_round"],
-                    "selected_acc": best["selected_acc"], "best_round": best["best_round"], "rounds_run": best["rounds_run"],
-                    "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"])}  # fmt: skip
-        seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]["selected_acc"].dropna()
+            row |= {
+                "selected_by": best["selected_by"],
+                "val_acc": best["val_acc"],
+                "val_round": best["val_round"],
+                "selected_acc": best["selected_acc"],
+                "best_round": best["best_round"],
+                "rounds_run": best["rounds_run"],
+                "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"]),
+            }
+        seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))][
+            "selected_acc"
+        ].dropna()
         if len(seeds):
             row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
         out.append(row)
@@ -48,10 +62,20 @@ def best_schedules(runs: list[dict], summaries: pd.DataFrame, best: pd.DataFrame
     for row in best.to_dict("records") if "schedule" in best else []:
         if not isinstance(row.get("schedule"), str):
             continue
-        trials = summaries[(summaries["stage"] == "search") & (summaries["experiment"] == str(Path(row["path"]) / "search"))]
+        trials = summaries[
+            (summaries["stage"] == "search") & (summaries["experiment"] == str(Path(row["path"]) / "search"))
+        ]
         run = runs[trials.loc[best_run(trials[trials[SCORE].notna()])].name]
-        out.append({"sweep": row["sweep"], "schedule": run["schedule"], "rows": run["rows"], "config": run["config"], "file": row["schedule"],
-                    "log_scale": run.get("log_scale")})
+        out.append(
+            {
+                "sweep": row["sweep"],
+                "schedule": run["schedule"],
+                "rows": run["rows"],
+                "config": run["config"],
+                "file": row["schedule"],
+                "log_scale": run.get("log_scale"),
+            }
+        )
     return out
 
 
@@ -59,12 +83,22 @@ def schedule_markdown(sweep: str, schedule: pd.DataFrame, file: str, method: str
     """The best trial's schedule as the spans of rounds its settings held, and the command that replays it."""
     settings = [c for c in schedule.columns if c not in ("round", "trial")]
     changed = (schedule[["trial", *settings]] != schedule[["trial", *settings]].shift()).any(axis=1).cumsum()
-    spans = [{"rounds": f"{g['round'].iloc[0]}–{g['round'].iloc[-1]}", "trained by": g["trial"].iloc[0],
-              **{n: _short(g[n].iloc[0]) for n in settings}} for _, g in schedule.groupby(changed)]  # fmt: skip
+    spans = [
+        {
+            "rounds": f"{g['round'].iloc[0]}–{g['round'].iloc[-1]}",
+            "trained by": g["trial"].iloc[0],
+            **{n: _short(g[n].iloc[0]) for n in settings},
+        }
+        for _, g in schedule.groupby(changed)
+    ]
     stem = file.removesuffix(".csv")
-    return (f"\n\n## {sweep}: the best trial's schedule\n\nThe rounds its state went through, with the trial that trained them "
-            f"and the settings then (the rounds a donor trained came with its state).\n\n{pd.DataFrame(spans).to_markdown(index=False)}\n\n"
-            f"Replay it from round 1: `tuner run {method} --config {stem}.yaml --schedule {file}`\n")  # fmt: skip
+    return (
+        f"\n\n## {sweep}: the best trial's schedule\n\nThe rounds its state went through, with the trial that "
+        "trained them "
+        "and the settings then (the rounds a donor trained came with its "
+        f"state).\n\n{pd.DataFrame(spans).to_markdown(index=False)}\n\n"
+        f"Replay it from round 1: `tuner run {method} --config {stem}.yaml --schedule {file}`\n"
+    )
 
 
 def _short(value) -> str:
@@ -79,8 +113,6 @@ def best_markdown(best: pd.DataFrame) -> str:
     return shown.to_markdown(index=False)
 
 
-
 def setting_value(cfg: RunConfig, name: str):
     """A searched name's value in a run: a hyperparameter of its method or a run setting."""
     return cfg.hparams[name] if name in cfg.hparams else getattr(cfg, name)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -37,10 +38,13 @@ def plot_curves(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
             best = group.loc[best_run(by_method)]
             rows = runs[best.name]["rows"]
             rows = rows[rows["acc"].notna()]
-            curves.append((f"{title} ({100 * best['selected_acc']:.2f})", best["selected_acc"], rows["round"], 100 * rows["acc"]))
+            curves.append(
+                (f"{title} ({100 * best['selected_acc']:.2f})", best["selected_acc"], rows["round"], 100 * rows["acc"])
+            )
         fig = curves_figure(curves, f"{short[dataset]} {partition}, {clients} clients")
         path = out / f"curves-{short[dataset]}-{partition.replace(':', '')}-{clients}.png"
-        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", bbox_inches="tight"))  # the legend and title whole
+        # bbox_inches tight: the legend and title whole
+        write_atomic(path, partial(fig.savefig, dpi=120, format="png", bbox_inches="tight"))
         plt.close(fig)
         files.append(path)
     return files
@@ -58,10 +62,19 @@ def curves_figure(curves: list[tuple], title: str):
     columns = 1 + (len(curves) - 1) // 16
     fig, ax = plt.subplots(figsize=(6 + 2.6 * columns, 4.2))
     for i, (label, _, rounds, acc) in enumerate(sorted(curves, key=lambda c: -c[1])):
-        ax.plot(rounds, acc, label=label, linestyle=("-", "--", ":")[i // 10 % 3])  # the 10 colours repeat; the styles tell apart
+        # the 10 colours repeat; the styles tell apart
+        ax.plot(rounds, acc, label=label, linestyle=("-", "--", ":")[i // 10 % 3])
     ax.set(xlabel="round", ylabel="test accuracy (%)", title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, ncol=columns, title="selected acc. (%)", title_fontsize=7)
+    ax.legend(
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0,
+        ncol=columns,
+        title="selected acc. (%)",
+        title_fontsize=7,
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -78,9 +91,11 @@ def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
         values = {n: [setting_value(runs[i]["config"], n) for i in trials.index] for n in first["searched"]}
         log = [n for n, xs in values.items() if _log_scale(first, n, xs)]
         name = Path(experiment).parent.name
-        fig = sweep_figure(values, list(100 * trials["selected_acc"]), list(trials.index).index(best_run(trials)), log, f"sweep {name}")
+        fig = sweep_figure(
+            values, list(100 * trials["selected_acc"]), list(trials.index).index(best_run(trials)), log, f"sweep {name}"
+        )
         path = out / f"sweep-{name}.png"
-        write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", bbox_inches="tight"))
+        write_atomic(path, partial(fig.savefig, dpi=120, format="png", bbox_inches="tight"))
         plt.close(fig)
         files.append(path)
     return files
@@ -95,7 +110,7 @@ def sweep_figure(values: dict[str, list], accs: list[float], chosen: int, log: l
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3.5), squeeze=False)
-    for ax, (name, xs) in zip(axes[0], values.items()):
+    for ax, (name, xs) in zip(axes[0], values.items(), strict=True):
         shown = xs if _numeric(xs) else [str(x) for x in xs]
         ax.scatter(shown, accs, alpha=0.7)
         ax.scatter([shown[chosen]], [accs[chosen]], marker="*", s=180, color="tab:red", label="chosen", zorder=3)
@@ -133,7 +148,7 @@ def plot_schedule(best: dict, path: Path) -> Path:
     schedule, rows = best["schedule"], best["rows"]
     settings = [c for c in schedule.columns if c not in ("round", "trial")]
     fig, axes = plt.subplots(len(settings) + 1, 1, figsize=(6.5, 1.6 * len(settings) + 2.8), sharex=True)
-    for ax, name in zip(axes, settings):
+    for ax, name in zip(axes, settings, strict=False):
         ax.step(schedule["round"], schedule[name], where="post")
         ax.set(ylabel=name, yscale="log" if name in (best["log_scale"] or []) else "linear")
         ax.grid(alpha=0.3)

@@ -12,30 +12,47 @@ import json
 import math
 import re
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from tuner.config import RunConfig
-
-from tuner.sweep.trials import TRIAL_RETRIES, trial_config
 from tuner.errors import UserError, first_sentence
-from tuner.plugins import method_title
 from tuner.files import LOCK_FILE, lock_holder
+from tuner.plugins import method_title
 from tuner.run import RunDir
 from tuner.schedule import ROUNDS_FILE, read_rounds
 from tuner.selection import SCORE, best_of, selection, started
 from tuner.sweep.schedulers import SCHEDULERS
+from tuner.sweep.trials import TRIAL_RETRIES, trial_config
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
-NOT_CONFIGURATION = ("seed", "partition_seed", "executor", "device", "cohort_chunk", "eval_batch", "checkpoint_every", "data_dir", "download")
+NOT_CONFIGURATION = (
+    "seed",
+    "partition_seed",
+    "executor",
+    "device",
+    "cohort_chunk",
+    "eval_batch",
+    "checkpoint_every",
+    "data_dir",
+    "download",
+)
 FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
 POPULATION = tuple(name for name, s in SCHEDULERS.items() if s.hands_states)  # trials take other trials' states
 
 
-UNREADABLE = (ValueError, OSError, KeyError, TypeError, yaml.YAMLError, UserError)  # damaged, truncated, or naming what is gone
+UNREADABLE = (
+    ValueError,
+    OSError,
+    KeyError,
+    TypeError,
+    yaml.YAMLError,
+    UserError,
+)  # damaged, truncated, or naming what is gone
 
 
 def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
@@ -56,25 +73,31 @@ def find_runs(paths: list[Path]) -> tuple[list[dict], list[str]]:
         for config in sorted(root.rglob("config.yaml")):
             run_dir = RunDir(config.parent)
             if run_dir.metrics.exists():
-                run = read(run_dir.path, lambda: {"run": str(run_dir.path), "stage": "run", "experiment": "", "select": "test",
-                                                  "config": run_dir.read_config(), "rows": pd.read_parquet(run_dir.metrics)})  # fmt: skip
+                run = read(run_dir.path, partial(_run_info, run_dir))
                 runs += [run] if run else []
         for experiment in sorted(root.rglob("experiment.yaml")):
-            info = read(experiment, lambda: _experiment_info(experiment))
+            info = read(experiment, partial(_experiment_info, experiment))
             for params in sorted(experiment.parent.glob("*/params.json")) if info else []:
-                run = read(params.parent, lambda: _trial(params, experiment, info))
+                run = read(params.parent, partial(_trial, params, experiment, info))
                 runs += [run] if run else []
     if not runs:
         running = still_running(paths)
         if running:
-            raise UserError(f"No run under {', '.join(map(str, paths))} has finished a round yet: {running[0]}; report again once a round is in.")
+            raise UserError(
+                f"No run under {', '.join(map(str, paths))} has finished a round yet: {running[0]}; report "
+                "again once a round is in."
+            )
         problem = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
-        raise UserError(f"No readable runs under {', '.join(map(str, paths))}{problem}; point at `tuner run` or `tuner sweep` results.")
+        raise UserError(
+            f"No readable runs under {', '.join(map(str, paths))}{problem}; point at `tuner run` or `tuner "
+            "sweep` results."
+        )
     return runs, unreadable
 
 
 def still_running(paths: list[Path]) -> list[str]:
-    """The sweeps, reproductions and runs under `paths` whose command still holds their folder, each with how far it got."""
+    """The sweeps, reproductions and runs under `paths` whose command still holds their folder, each with how far it
+    got."""
     out = []
     for root in paths:
         for lock in sorted({root / LOCK_FILE, *root.rglob(LOCK_FILE)}):
@@ -84,9 +107,23 @@ def still_running(paths: list[Path]) -> list[str]:
                 if trials:
                     progress = f"{trials} trial{'s' * (trials != 1)} started"
                 else:
-                    progress = "in its first round" if (lock.parent / "config.yaml").exists() else "no trial started yet"
+                    progress = (
+                        "in its first round" if (lock.parent / "config.yaml").exists() else "no trial started yet"
+                    )
                 out.append(f"{lock.parent} is still running ({holder}; {progress})")
     return out
+
+
+def _run_info(run_dir: RunDir) -> dict:
+    """A `tuner run` folder as a run of the report (a run of its own: selected by test accuracy, as the papers)."""
+    return {
+        "run": str(run_dir.path),
+        "stage": "run",
+        "experiment": "",
+        "select": "test",
+        "config": run_dir.read_config(),
+        "rows": pd.read_parquet(run_dir.metrics),
+    }
 
 
 def _experiment_info(path: Path) -> dict:
@@ -108,9 +145,18 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
     failed = "" if finished else tune_failure(params.parent / "error.txt")
     if rows.empty and not failed:  # not started yet
         return None
-    return {"run": str(params.parent), "stage": info["stage"], "experiment": str(experiment.parent), "rows": rows, "select": info.get("select", "test"),
-            "config": config, "searched": list(sampled) if info["stage"] == "search" else [], "failed": failed,
-            "log_scale": info.get("log_scale"), "schedule": schedule}  # fmt: skip
+    return {
+        "run": str(params.parent),
+        "stage": info["stage"],
+        "experiment": str(experiment.parent),
+        "rows": rows,
+        "select": info.get("select", "test"),
+        "config": config,
+        "searched": list(sampled) if info["stage"] == "search" else [],
+        "failed": failed,
+        "log_scale": info.get("log_scale"),
+        "schedule": schedule,
+    }
 
 
 def lineage_rows(trial_dir: Path, reported: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
@@ -157,13 +203,18 @@ def tune_failure(error_txt: Path) -> str:
     failures = re.split(r"^Failure # \d+.*$", error_txt.read_text(), flags=re.M)[1:]
     if len(failures) <= TRIAL_RETRIES:
         return ""
-    messages = [line for line in failures[-1].splitlines() if line.strip() and not line[0].isspace() and not line.startswith("Traceback")]
+    messages = [
+        line
+        for line in failures[-1].splitlines()
+        if line.strip() and not line[0].isspace() and not line.startswith("Traceback")
+    ]
     last = messages[-1].split(". ")[0].rstrip(".") if messages else "no message"
     return f"{len(failures)} failures, the last: {last}."
 
 
 def trial_rows(result_json: Path) -> pd.DataFrame:
-    """A trial's reported rows, one a round (a resumed trial's repeats counted once; a last line cut by a kill left out)."""
+    """A trial's reported rows, one a round (a resumed trial's repeats counted once; a last line cut by a kill left
+    out)."""
     if not result_json.exists():
         return pd.DataFrame()
     lines = [line for line in result_json.read_text().splitlines() if line.strip()]
@@ -174,7 +225,8 @@ def trial_rows(result_json: Path) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty or "round" not in df:
         return pd.DataFrame()
-    return df.drop_duplicates("round", keep="last").sort_values("round").reset_index(drop=True)  # a resumed trial repeats rounds
+    # a resumed trial repeats rounds
+    return df.drop_duplicates("round", keep="last").sort_values("round").reset_index(drop=True)
 
 
 def config_key(cfg: RunConfig) -> str:
@@ -189,31 +241,54 @@ def summarize(run: dict, select: str | None) -> dict:
     select = select or run["select"]
     evals = rows[rows["acc"].notna()] if "acc" in rows else rows.iloc[0:0]
     out = {
-        "run": run["run"], "stage": run["stage"], "experiment": run["experiment"], "method": cfg.method,
-        "title": method_title(cfg.method), "dataset": cfg.dataset, "partition": cfg.partition, "clients": cfg.clients,
-        "join_ratio": str(cfg.join_ratio), "backbone": cfg.backbone, "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
-        "local_epochs": cfg.local_epochs, "rounds_planned": cfg.rounds, "rounds_run": int(rows["round"].max()) if len(rows) else 0,
-        "config_key": config_key(cfg), "failed": _failure(rows) or run.get("failed", ""), "selected_by": select, "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        "run": run["run"],
+        "stage": run["stage"],
+        "experiment": run["experiment"],
+        "method": cfg.method,
+        "title": method_title(cfg.method),
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "clients": cfg.clients,
+        "join_ratio": str(cfg.join_ratio),
+        "backbone": cfg.backbone,
+        "seed": cfg.seed,
+        "lr": cfg.lr,
+        "batch_size": cfg.batch_size,
+        "local_epochs": cfg.local_epochs,
+        "rounds_planned": cfg.rounds,
+        "rounds_run": int(rows["round"].max()) if len(rows) else 0,
+        "config_key": config_key(cfg),
+        "failed": _failure(rows) or run.get("failed", ""),
+        "selected_by": select,
+        "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
-    }  # fmt: skip
+    }
     chosen = selection(rows.to_dict("records"), select)
-    out |= {"val_acc": chosen["best_val_acc"], "val_round": chosen["best_val_round"], SCORE: chosen[SCORE]}  # what chose, under val
+    out |= {
+        "val_acc": chosen["best_val_acc"],
+        "val_round": chosen["best_val_round"],
+        SCORE: chosen[SCORE],
+    }  # what chose, under val
     if math.isnan(chosen["selected_acc"]):
         return out | {"best_acc": math.nan, "best_round": math.nan, "selected_acc": math.nan}
     at = evals[evals["round"] == chosen["best_round"]].iloc[0]
     return out | {
-        "best_acc": chosen["best_acc"], "best_round": int(chosen["best_round"]), "selected_acc": chosen["selected_acc"],
-        "acc_std": float(at.get("acc_std", math.nan)), "acc_cv": float(at.get("acc_cv", math.nan)),
-        "final_acc": float(evals["acc"].iloc[-1]), "final_round": int(evals["round"].iloc[-1]),
-    }  # fmt: skip
+        "best_acc": chosen["best_acc"],
+        "best_round": int(chosen["best_round"]),
+        "selected_acc": chosen["selected_acc"],
+        "acc_std": float(at.get("acc_std", math.nan)),
+        "acc_cv": float(at.get("acc_cv", math.nan)),
+        "final_acc": float(evals["acc"].iloc[-1]),
+        "final_round": int(evals["round"].iloc[-1]),
+    }
 
 
 def _failure(rows: pd.DataFrame) -> str:
-    """The failure its last row reports; one before it was retried past (out of memory once, then the rounds went on)."""
+    """The failure its last row reports; one before it was retried past (out of memory once, then the rounds went
+    on)."""
     if "failed" not in rows or rows.empty or pd.isna(rows["failed"].iloc[-1]):
         return ""
     return str(rows["failed"].iloc[-1])
-
 
 
 def best_run(runs: pd.DataFrame):

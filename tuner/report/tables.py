@@ -8,6 +8,7 @@ else the best configuration tried (grouped by everything but the seed).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pandas as pd
 
@@ -39,10 +40,18 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     ours = summaries[summaries["selected_acc"].notna() & summaries["cell"].notna()]
     if ours.empty:
         return pd.DataFrame()
-    cells = pd.DataFrame([{**c, "kind": c["setting"], "beta_key": -1.0 if math.isnan(c["beta"]) else c["beta"], "index": i}
-                          for i, c in ours["cell"].items()]).drop(columns=["setting", "beta"])  # fmt: skip
+    cells = pd.DataFrame(
+        [
+            {**c, "kind": c["setting"], "beta_key": -1.0 if math.isnan(c["beta"]) else c["beta"], "index": i}
+            for i, c in ours["cell"].items()
+        ]
+    ).drop(columns=["setting", "beta"])
     paper = paper.assign(beta_key=paper["beta"].fillna(-1.0))
-    matched = paper[["paper", "table", "kind", *COLUMN]].drop_duplicates().merge(cells, on=["dataset", "kind", "backbone", "num_clients", "join_ratio", "beta_key"])
+    matched = (
+        paper[["paper", "table", "kind", *COLUMN]]
+        .drop_duplicates()
+        .merge(cells, on=["dataset", "kind", "backbone", "num_clients", "join_ratio", "beta_key"])
+    )
     if matched.empty:  # runs of settings no paper reports: no paper table, the rest of the report stands
         return pd.DataFrame()
     out = []
@@ -51,18 +60,31 @@ def paper_tables(summaries: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
         reported = rows["reported"].iloc[0]
         backbones = rows.groupby(["dataset", "setting"])["backbone"].nunique()
         for col, published in rows.groupby(COLUMN, sort=False):
-            col = pd.Series(dict(zip(COLUMN, col)))
+            col = pd.Series(dict(zip(COLUMN, col, strict=True)))
             label = column_label(col, backbones[(col.dataset, col.setting)] > 1)
             mine = ours.loc[hits.loc[(hits[COLUMN] == col.values).all(axis=1), "index"]]
-            by_title = dict(zip(published["method"], zip(published["mean"], published["std"])))
-            mine = mine.assign(title=mine["title"].map(lambda t: papers.label_in(paper_name, t)))
-            baselines = mine.loc[[not is_variant(m) for m in mine["method"]]]  # beside a main table, never stray ablations
+            by_title = dict(
+                zip(published["method"], zip(published["mean"], published["std"], strict=True), strict=True)
+            )
+            mine = mine.assign(title=mine["title"].map(partial(papers.label_in, paper_name)))
+            # beside a main table, never stray ablations
+            baselines = mine.loc[[not is_variant(m) for m in mine["method"]]]
             extras = sorted(set(baselines["title"]) - set(by_title)) if papers.is_main(paper_name, table) else []
             for title in list(by_title) + extras:
                 paper_mean, paper_std = by_title.get(title, (math.nan, math.nan))
                 runs = mine[mine["title"] == title]
-                out.append({"paper": paper_name, "table": table, "column": label, "method": title, **_cell(runs, reported),
-                            "reported": _reported_label(reported, runs), "paper_mean": paper_mean, "paper_std": paper_std})  # fmt: skip
+                out.append(
+                    {
+                        "paper": paper_name,
+                        "table": table,
+                        "column": label,
+                        "method": title,
+                        **_cell(runs, reported),
+                        "reported": _reported_label(reported, runs),
+                        "paper_mean": paper_mean,
+                        "paper_std": paper_std,
+                    }
+                )
     df = pd.DataFrame(out)
     df["difference"] = df["ours_mean"] - df["paper_mean"]
     return df
@@ -83,10 +105,19 @@ def _cell(runs: pd.DataFrame, reported: str) -> dict:
     final = runs[runs["stage"].isin(FINAL_STAGES)]
     candidates = runs if final.empty else final  # else the best configuration tried, over its seeds
     by_config = candidates.groupby("config_key", sort=False)["run"]  # a configuration's runs: its seeds
-    chosen = best_of(by_config.groups, lambda k: candidates.loc[by_config.groups[k], SCORE].mean(), lambda k: min(map(started, by_config.get_group(k))))
+    chosen = best_of(
+        by_config.groups,
+        lambda k: candidates.loc[by_config.groups[k], SCORE].mean(),
+        lambda k: min(map(started, by_config.get_group(k))),
+    )
     final = candidates[candidates["config_key"] == chosen]
     acc = 100 * final[value].to_numpy()
-    return {"ours_mean": float(acc.mean()), "ours_std": float(acc.std()), "seeds": len(acc), "rounds": int(final["rounds_run"].max())}
+    return {
+        "ours_mean": float(acc.mean()),
+        "ours_std": float(acc.std()),
+        "seeds": len(acc),
+        "rounds": int(final["rounds_run"].max()),
+    }
 
 
 def wide_table(t: pd.DataFrame, compact: bool = False) -> pd.DataFrame:
@@ -99,7 +130,11 @@ def wide_table(t: pd.DataFrame, compact: bool = False) -> pd.DataFrame:
         if math.isnan(r["ours_mean"]):
             ours = "—"
         elif compact:
-            ours = f"{r['ours_mean']:.2f}" + (f"±{r['ours_std']:.2f}" if r["seeds"] > 1 else "") + f" [{r['seeds']}×{r['rounds']}r]"
+            ours = (
+                f"{r['ours_mean']:.2f}"
+                + (f"±{r['ours_std']:.2f}" if r["seeds"] > 1 else "")
+                + f" [{r['seeds']}×{r['rounds']}r]"
+            )
         else:
             ours = f"{r['ours_mean']:.2f} ± {r['ours_std']:.2f} (n={r['seeds']}, {r['rounds']} r)"
         row[(r["column"], "ours")] = ours
@@ -118,21 +153,36 @@ def agreement(tables: pd.DataFrame) -> pd.DataFrame:
     both = tables[(tables["seeds"] > 0) & tables["paper_mean"].notna()]
     rows = []
     for (paper_name, table, column), t in both.groupby(["paper", "table", "column"], sort=False):
-        rank = t["ours_mean"].rank().corr(t["paper_mean"].rank()) if len(t) > 2 else math.nan  # Spearman: Pearson of the ranks
-        rows.append({"paper": paper_name, "table": table, "column": column, "methods": len(t), "spearman": rank,
-                     "mean_abs_difference": float(t["difference"].abs().mean()), "within_1": int((t["difference"].abs() <= 1).sum()),
-                     "rounds_min": int(t["rounds"].min()), "rounds_max": int(t["rounds"].max())})  # fmt: skip
+        # Spearman: Pearson of the ranks
+        rank = t["ours_mean"].rank().corr(t["paper_mean"].rank()) if len(t) > 2 else math.nan
+        rows.append(
+            {
+                "paper": paper_name,
+                "table": table,
+                "column": column,
+                "methods": len(t),
+                "spearman": rank,
+                "mean_abs_difference": float(t["difference"].abs().mean()),
+                "within_1": int((t["difference"].abs() <= 1).sum()),
+                "rounds_min": int(t["rounds"].min()),
+                "rounds_max": int(t["rounds"].max()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def agreement_line(a) -> str:
     rounds = f"{a.rounds_min}" if a.rounds_min == a.rounds_max else f"{a.rounds_min} to {a.rounds_max}"
     spearman = "" if math.isnan(a.spearman) else f"Spearman {a.spearman:.2f}, "
-    return f"{a.column}: {a.methods} method{'s' if a.methods != 1 else ''}, {spearman}mean |Δ| {a.mean_abs_difference:.2f}, {a.within_1} within 1 point; runs of {rounds} rounds"
+    return (
+        f"{a.column}: {a.methods} method{'s' if a.methods != 1 else ''}, {spearman}mean |Δ| "
+        f"{a.mean_abs_difference:.2f}, {a.within_1} within 1 point; runs of {rounds} rounds"
+    )
 
 
 def render(tables: pd.DataFrame, fmt: str) -> str:
-    """Markdown or LaTeX, one table per paper table, laid out as the paper's (Markdown: with each column's agreement)."""
+    """Markdown or LaTeX, one table per paper table, laid out as the paper's (Markdown: with each column's
+    agreement)."""
     parts = []
     agreed = agreement(tables)
     for (paper_name, table), t in tables.groupby(["paper", "table"], sort=False):
@@ -141,13 +191,17 @@ def render(tables: pd.DataFrame, fmt: str) -> str:
         if fmt == "markdown":
             frame.columns = [f"{c} {k}" for c, k in frame.columns]
             lines = [f"- {agreement_line(a)}" for a in agreed.itertuples() if (a.paper, a.table) == (paper_name, table)]
-            parts.append(f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n" + ("\nAgreement with the paper:\n\n" + "\n".join(lines) + "\n" if lines else ""))
+            parts.append(
+                f"### {paper_name} {table}\n\nOurs: {reported}.\n\n{frame.to_markdown()}\n"
+                + ("\nAgreement with the paper:\n\n" + "\n".join(lines) + "\n" if lines else "")
+            )
         else:
             # pandas escapes LaTeX's special characters in every cell and label (a method's title may hold & or %);
             # the caption is the catalogue's own words. The Unicode the labels use becomes math.
-            latex = frame.to_latex(caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c", escape=True)
+            latex = frame.to_latex(
+                caption=f"{paper_name} {table} (ours: {reported})", multicolumn_format="c", escape=True
+            )
             for text, tex in (("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("β", r"$\beta$"), ("ρ", r"$\rho$"), ("—", "--")):
                 latex = latex.replace(text, tex)
             parts.append(latex)
     return "\n".join(parts)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +28,9 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
     stage = out / f".report-{os.getpid()}"  # the whole report is made here first: a stop midway leaves out as it was
     stage.mkdir(exist_ok=True)
     try:
-        per_round = pd.concat([r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True)
+        per_round = pd.concat(
+            [r["rows"].assign(run=r["run"], method=r["config"].method) for r in runs], ignore_index=True
+        )
         per_round = per_round.drop(columns=[c for c in per_round if c.startswith("config/")])
         summaries = pd.DataFrame([summarize(r, select) for r in runs])
         summaries["cell"] = [paper_cell(r["config"]) for r in runs]
@@ -36,13 +39,22 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
         write_atomic(stage / "runs.parquet", lambda p: summaries.drop(columns="cell").to_parquet(p, index=False))
         written = [stage / "rounds.parquet", stage / "runs.parquet"]
         rules = sorted(set(summaries["selected_by"]))
-        note = "Selected by " + " and ".join(SELECTION[r] for r in rules) + " (each table says which figure it shows: the best or the final round).\n\n"
+        note = (
+            "Selected by "
+            + " and ".join(SELECTION[r] for r in rules)
+            + " (each table says which figure it shows: the best or the final round).\n\n"
+        )
         if not tables.empty:
             write_atomic(stage / "tables.parquet", lambda p: tables.to_parquet(p, index=False))
             write_atomic(stage / "agreement.parquet", lambda p: agreement(tables).to_parquet(p, index=False))
             write_text_atomic(stage / "tables.md", note + render(tables, "markdown"))
             write_text_atomic(stage / "tables.tex", render(tables, "latex"))
-            written += [stage / "tables.parquet", stage / "agreement.parquet", stage / "tables.md", stage / "tables.tex"]
+            written += [
+                stage / "tables.parquet",
+                stage / "agreement.parquet",
+                stage / "tables.md",
+                stage / "tables.tex",
+            ]
         best = best_configs(runs, summaries)
         if not best.empty:
             schedules = best_schedules(runs, summaries, best)
@@ -50,10 +62,14 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
             text = note + "Best configuration of each sweep (accuracies in %).\n\n" + best_markdown(best) + "\n"
             for s in schedules:  # replayed by `tuner run --config X.yaml --schedule X.csv`
                 stem = stage / s["file"].removesuffix(".csv")
-                write_atomic(stem.with_suffix(".csv"), lambda p: s["schedule"].drop(columns="trial").to_csv(p, index=False))
+                write_atomic(stem.with_suffix(".csv"), partial(s["schedule"].drop(columns="trial").to_csv, index=False))
                 write_text_atomic(stem.with_suffix(".yaml"), s["config"].to_yaml())
                 text += schedule_markdown(s["sweep"], s["schedule"], s["file"], s["config"].method)
-                written += [stem.with_suffix(".csv"), stem.with_suffix(".yaml"), plot_schedule(s, stem.with_suffix(".png"))]
+                written += [
+                    stem.with_suffix(".csv"),
+                    stem.with_suffix(".yaml"),
+                    plot_schedule(s, stem.with_suffix(".png")),
+                ]
             write_text_atomic(stage / "best.md", text)
             written += [stage / "best.parquet", stage / "best.md"]
         written += plot_curves(runs, summaries, stage) + plot_sweeps(runs, summaries, stage)
@@ -63,7 +79,14 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
         shutil.rmtree(stage, ignore_errors=True)
     written = [out / made.name for made in written]
     missing = int(summaries["selected_acc"].isna().sum())
-    return {"runs": len(runs), "failed": int((summaries["failed"] != "").sum()), "unselectable": missing, "unreadable": unreadable,
-            "tables": tables, "best": best, "summaries": summaries, "files": written, "note": note.strip()}  # fmt: skip
-
-
+    return {
+        "runs": len(runs),
+        "failed": int((summaries["failed"] != "").sum()),
+        "unselectable": missing,
+        "unreadable": unreadable,
+        "tables": tables,
+        "best": best,
+        "summaries": summaries,
+        "files": written,
+        "note": note.strip(),
+    }

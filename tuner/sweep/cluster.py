@@ -25,8 +25,8 @@ class Resources:
     max_concurrent: int | None = None
     address: str | None = None
     verbose: bool = False
-    compile_cache: Path | None = None  # where trials keep compiled programs (torch's on-disk caches); None: beside the sweep
-
+    # where trials keep compiled programs (torch's on-disk caches); None: beside the sweep
+    compile_cache: Path | None = None
 
 
 def check_request(res: Resources) -> None:
@@ -35,7 +35,9 @@ def check_request(res: Resources) -> None:
         raise UserError(f"--cpus-per-trial must be positive, not {res.cpus_per_trial:g}.")
     gpus = res.gpus_per_trial
     if gpus is not None and (gpus < 0 or (gpus > 1 and not float(gpus).is_integer())):
-        raise UserError(f"--gpus-per-trial must be 0, a fraction of one GPU (0.5) or a whole number of GPUs, not {gpus:g}.")
+        raise UserError(
+            f"--gpus-per-trial must be 0, a fraction of one GPU (0.5) or a whole number of GPUs, not {gpus:g}."
+        )
     if res.max_concurrent is not None and res.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, not {res.max_concurrent}.")
 
@@ -49,8 +51,10 @@ def check_fits(request: dict[str, float]) -> None:
         return
     largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
     raise UserError(
-        f"No node of the Ray cluster has {request['cpu']:g} CPUs and {request['gpu']:g} GPUs for one trial (the largest has "
-        f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs); lower --cpus-per-trial or --gpus-per-trial."
+        f"No node of the Ray cluster has {request['cpu']:g} CPUs and {request['gpu']:g} GPUs for one trial "
+        "(the largest has "
+        f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs); lower --cpus-per-trial or "
+        "--gpus-per-trial."
     )
 
 
@@ -80,13 +84,28 @@ def start_ray(res: Resources) -> None:
     # their work): a sweep starts its own, unless RAY_ADDRESS names one (as on a job submitted to a cluster).
     address = res.address or os.environ.get("RAY_ADDRESS") or "local"
     try:
-        ray.init(address=address, logging_level=logging.INFO if res.verbose else logging.ERROR, log_to_driver=res.verbose,
-                 include_dashboard=False, configure_logging=True, _system_config=OWN_RAY_CONFIG if address == "local" else None)  # fmt: skip
+        ray.init(
+            address=address,
+            logging_level=logging.INFO if res.verbose else logging.ERROR,
+            log_to_driver=res.verbose,
+            include_dashboard=False,
+            configure_logging=True,
+            _system_config=OWN_RAY_CONFIG if address == "local" else None,
+        )
     except ConnectionError as e:  # it answered a TCP connect (_check_reachable): most often its token was missing
-        token = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
-            "if it was started with token authentication (Ray's default where a token exists), set RAY_AUTH_MODE=token "
-            "and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token; else ")  # fmt: skip
-        raise UserError(f"Cannot join the Ray cluster at {address} ({e}): {token}check --address, or start one with `ray start --head`.") from None
+        token = (
+            ""
+            if os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+            else (
+                "if it was started with token authentication (Ray's default where a token exists), set "
+                "RAY_AUTH_MODE=token "
+                "and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token; else "
+            )
+        )
+        raise UserError(
+            f"Cannot join the Ray cluster at {address} ({e}): {token}check --address, or start one with `ray "
+            "start --head`."
+        ) from None
     finally:
         if main:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -95,7 +114,9 @@ def start_ray(res: Resources) -> None:
     joined = None if address == "local" else address
     if joined:  # whose cluster it is shows in its size
         total = {"node": sum(1 for n in ray.nodes() if n.get("Alive")), **ray.cluster_resources()}
-        size = ", ".join(f"{total.get(k, 0):g} {k}{'' if total.get(k, 0) == 1 else 's'}" for k in ("node", "CPU", "GPU"))
+        size = ", ".join(
+            f"{total.get(k, 0):g} {k}{'' if total.get(k, 0) == 1 else 's'}" for k in ("node", "CPU", "GPU")
+        )
         print(f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}: {size}", flush=True)
     _watch_cluster(joined)
 
@@ -148,7 +169,9 @@ def _check_reachable(address: str | None) -> None:
     try:
         socket.create_connection((host or address, int(port or 6379)), timeout=5).close()
     except (OSError, ValueError):
-        raise UserError(f"No Ray cluster answers at {address}; start one with `ray start --head` there, or fix --address.") from None
+        raise UserError(
+            f"No Ray cluster answers at {address}; start one with `ray start --head` there, or fix --address."
+        ) from None
 
 
 def _stop_like_ctrl_c(signum, frame):
@@ -160,7 +183,8 @@ def _stop_like_ctrl_c(signum, frame):
 # stage (bench/gpu_campaign.py), H100 80GB, commit 91f1f1c, eager engine: k=1 0.24, k=2 0.47 rounds/s
 # (the stage ran out of time before k=4). Fourteen eager runs of different methods at once (commit 0f70fac)
 # kept the H100 91-99 % busy at 3.6 times one eager run's rounds/s, so eager's knee is far above 2; but a
-# sweep of GPFL, FedCP or FedAvg on CUDA compiles (tuner/compile.py auto_engine), which busies one GPU more: measure the knee
+# sweep of GPFL, FedCP or FedAvg on CUDA compiles (tuner/compile.py auto_engine), which busies one GPU more: measure the
+# knee
 # compiled first (bench/gpu_campaign.py's sharing stage).
 TRIALS_PER_GPU = 2
 
@@ -174,10 +198,11 @@ def trial_resources(res: Resources) -> dict[str, float]:
     return {"cpu": res.cpus_per_trial, "gpu": gpus}
 
 
-def worker_rounds(request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict) -> int:
+def worker_rounds(
+    request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict
+) -> int:
     """The rounds one worker runs in a stage: its share of the trials (Tune reuses workers, and their programs)."""
     workers = int(cluster.get("CPU", 1) // request["cpu"])
     if request["gpu"]:
         workers = min(workers, int(cluster.get("GPU", 0) // request["gpu"]))
     return rounds * math.ceil(trials / max(1, min(workers, max_concurrent or workers, trials)))
-

@@ -57,18 +57,29 @@ class SweepProgress(Callback):
     def setup(self, **info):
         self.counts = stage_counts  # run_stage's, whether Tune made this callback or restored it from the experiment
         self.progress = Progress(
-            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  "
-                       f"best {self.select} {{task.fields[best]}}"),
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "running {task.fields[running]}  early-stopped {task.fields[early]}  failed {task.fields[failed]}  "
+                f"best {self.select} {{task.fields[best]}}"
+            ),
             TimeElapsedColumn(),
-        )  # fmt: skip
+        )
         self.task = self.progress.add_task("sweep", total=self.total, running=0, early=0, failed=0, best="-")
         self.progress.start()
 
     def _show(self):
         best = f"{100 * self.best:.2f}%" if self.best > -math.inf else "-"
         done = self.counts["done"] + self.counts["failed"]
-        self.progress.update(self.task, completed=done, running=len(self.running), early=self.counts["early"], failed=self.counts["failed"], best=best)
+        self.progress.update(
+            self.task,
+            completed=done,
+            running=len(self.running),
+            early=self.counts["early"],
+            failed=self.counts["failed"],
+            best=best,
+        )
 
     def on_step_begin(self, iteration, trials, **info):
         self._count_restored(trials)
@@ -82,7 +93,9 @@ class SweepProgress(Callback):
         for t in trials:
             if t.status in ("TERMINATED", "ERROR"):
                 self.counts["failed" if t.status == "ERROR" else "done"] += 1
-                self.counts["early"] += t.status == "TERMINATED" and (t.last_result or {}).get("round", self.rounds) < self.rounds
+                self.counts["early"] += (
+                    t.status == "TERMINATED" and (t.last_result or {}).get("round", self.rounds) < self.rounds
+                )
                 self.best = max(self.best, (t.last_result or {}).get(FIGURES[self.select], -math.inf))
         self._show()
 
@@ -116,8 +129,11 @@ class SweepProgress(Callback):
             self.ended.discard(trial.trial_id)
             self.counts["done"] -= 1
         self.counts["failed"] += 1
-        reason = ((trial.last_result or {}).get("failed") or (trial.error_file and tune_failure(Path(trial.error_file)))
-                  or "it raised an error; see error.txt in its trial directory")  # fmt: skip
+        reason = (
+            (trial.last_result or {}).get("failed")
+            or (trial.error_file and tune_failure(Path(trial.error_file)))
+            or "it raised an error; see error.txt in its trial directory"
+        )
         self.progress.console.print(f"[yellow]trial {trial.trial_id} failed:[/] {reason}", highlight=False)
         self._show()
 

@@ -73,28 +73,7 @@ def read_population(kind: str, spec: dict, space, cfg, named, sampler_given: boo
     """A population-based `scheduler:` entry (pbt, pb2), every setting it would perturb checked to be one a trial can
     change between two rounds."""
     where = space.source
-    mutable = set(MUTABLE_SETTINGS) | {k for k, v in cfg.hparams.items() if isinstance(v, float)}
-    floats = [n for n, d in space.search.items() if isinstance(d, optuna.distributions.FloatDistribution)]
-    mutate = spec.get("mutate", [n for n in floats if n in mutable])
-    if not isinstance(mutate, list) or not mutate:
-        raise UserError(f"{where}: {kind} perturbs float training settings ({', '.join(MUTABLE_SETTINGS)} or the method's float "
-                        f"hyperparameters) searched by a uniform or loguniform range, and none is: search one, or list them under scheduler.mutate.")  # fmt: skip
-    for name in mutate:
-        if name not in space.search:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, which search does not; search it too, or drop it from mutate.")
-        if name not in mutable:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, which shapes a training step or the data, so a trial cannot change it "
-                            f"between two rounds; drop it from mutate (it stays searched: a trial keeps its value, or takes its donor's).")  # fmt: skip
-        if name not in floats:
-            raise UserError(f"{where}: scheduler.mutate names {name!r}, searched by a {type(space.search[name]).__name__}; {kind} perturbs "
-                            "uniform and loguniform ranges only.")  # fmt: skip
-    interval = spec.get("perturbation_interval", max(1, cfg.rounds // 5))
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise UserError(f"{where}: scheduler.perturbation_interval must be a whole number of at least 1, not {interval!r}.")
-    if interval >= cfg.rounds:
-        raise UserError(f"{where}: scheduler.perturbation_interval ({interval}) must be below the run's {cfg.rounds} rounds, or nothing is ever perturbed.")
-    if interval % space.report_every:
-        raise UserError(f"{where}: scheduler.perturbation_interval ({interval}) must be a multiple of report_every ({space.report_every}).")
+    mutate, interval = _mutated(kind, spec, space, cfg), _interval(spec, space, cfg)
     quantile, resample = spec.get("quantile", 0.25), spec.get("resample_probability", 0.25)
     if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile <= 0.5:
         raise UserError(f"{where}: scheduler.quantile must be above 0 and at most 0.5, not {quantile!r}.")
@@ -103,11 +82,72 @@ def read_population(kind: str, spec: dict, space, cfg, named, sampler_given: boo
     if space.samples < 2:
         raise UserError(f"{named('samples')}: {kind} needs a population of at least 2 trials, not {space.samples}.")
     if space.stop.grace is not None:
-        space.notes.append(f"{named('grace')}: ASHA does not run under {kind}, which replaces the bottom trials' states instead of stopping them.")
+        space.notes.append(
+            f"{named('grace')}: ASHA does not run under {kind}, which replaces the bottom trials' states "
+            "instead of stopping them."
+        )
         space.stop.grace = None
     if sampler_given:
-        space.notes.append(f"{named('sampler')}: {kind} draws its first population at random (after the paper's defaults), not with an Optuna sampler.")
+        space.notes.append(
+            f"{named('sampler')}: {kind} draws its first population at random (after the paper's defaults), "
+            "not with an Optuna sampler."
+        )
     return Population(kind, interval, float(quantile), float(resample), list(mutate))
+
+
+def _mutated(kind: str, spec: dict, space, cfg) -> list[str]:
+    """The settings a population perturbs: float settings a step reads as inputs, searched by a float range."""
+    where = space.source
+    mutable = set(MUTABLE_SETTINGS) | {k for k, v in cfg.hparams.items() if isinstance(v, float)}
+    floats = [n for n, d in space.search.items() if isinstance(d, optuna.distributions.FloatDistribution)]
+    mutate = spec.get("mutate", [n for n in floats if n in mutable])
+    if not isinstance(mutate, list) or not mutate:
+        raise UserError(
+            f"{where}: {kind} perturbs float training settings ({', '.join(MUTABLE_SETTINGS)} or the method's float "
+            "hyperparameters) searched by a uniform or loguniform range, and none is: search one, or list "
+            "them under scheduler.mutate."
+        )
+    for name in mutate:
+        if name not in space.search:
+            raise UserError(
+                f"{where}: scheduler.mutate names {name!r}, which search does not; search it too, or drop it "
+                "from mutate."
+            )
+        if name not in mutable:
+            raise UserError(
+                f"{where}: scheduler.mutate names {name!r}, which shapes a training step or the data, so a "
+                "trial cannot change it "
+                "between two rounds; drop it from mutate (it stays searched: a trial keeps its value, or "
+                "takes its donor's)."
+            )
+        if name not in floats:
+            raise UserError(
+                f"{where}: scheduler.mutate names {name!r}, searched by a "
+                f"{type(space.search[name]).__name__}; {kind} perturbs "
+                "uniform and loguniform ranges only."
+            )
+    return mutate
+
+
+def _interval(spec: dict, space, cfg) -> int:
+    """Rounds between perturbations: at least one, fewer than the run's, a multiple of the reports'."""
+    where = space.source
+    interval = spec.get("perturbation_interval", max(1, cfg.rounds // 5))
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise UserError(
+            f"{where}: scheduler.perturbation_interval must be a whole number of at least 1, not {interval!r}."
+        )
+    if interval >= cfg.rounds:
+        raise UserError(
+            f"{where}: scheduler.perturbation_interval ({interval}) must be below the run's {cfg.rounds} "
+            "rounds, or nothing is ever perturbed."
+        )
+    if interval % space.report_every:
+        raise UserError(
+            f"{where}: scheduler.perturbation_interval ({interval}) must be a multiple of report_every "
+            f"({space.report_every})."
+        )
+    return interval
 
 
 def build_population(space, rounds: int):
@@ -120,17 +160,24 @@ def build_population(space, rounds: int):
     if pop.kind == "pb2":
         from ray.tune.schedulers.pb2 import PB2  # needs GPy and scikit-learn
 
-        return PB2(time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile,
-                   hyperparam_bounds={name: list(b) for name, b in bounds.items()})  # fmt: skip
+        return PB2(
+            time_attr="round",
+            perturbation_interval=pop.interval,
+            quantile_fraction=pop.quantile,
+            hyperparam_bounds={name: list(b) for name, b in bounds.items()},
+        )
 
     def within_range(config: dict) -> dict:
         return {**config, **{name: min(max(config[name], low), high) for name, (low, high) in bounds.items()}}
 
     return PopulationBasedTraining(
-        time_attr="round", perturbation_interval=pop.interval, quantile_fraction=pop.quantile,
-        resample_probability=pop.resample_probability, custom_explore_fn=within_range,
+        time_attr="round",
+        perturbation_interval=pop.interval,
+        quantile_fraction=pop.quantile,
+        resample_probability=pop.resample_probability,
+        custom_explore_fn=within_range,
         hyperparam_mutations={name: tune_domain(space.search[name]) for name in pop.mutate},
-    )  # fmt: skip
+    )
 
 
 def tune_domain(dist: optuna.distributions.BaseDistribution):
@@ -155,14 +202,32 @@ POPULATION_KEYS = ("perturbation_interval", "quantile", "resample_probability", 
 SCHEDULERS = {
     s.name: s
     for s in (
-        Scheduler("asha", "Optuna's search, trials stopped early per --grace", (), False, read_asha,
-                  lambda space, rounds: asha(space.stop.grace, rounds)),
-        Scheduler("pbt", "population-based training over the space's float settings", POPULATION_KEYS, True,
-                  read_population, build_population),
-        Scheduler("pb2", "PBT whose perturbations a GP bandit chooses", POPULATION_KEYS, True, read_population,
-                  build_population),
+        Scheduler(
+            "asha",
+            "Optuna's search, trials stopped early per --grace",
+            (),
+            False,
+            read_asha,
+            lambda space, rounds: asha(space.stop.grace, rounds),
+        ),
+        Scheduler(
+            "pbt",
+            "population-based training over the space's float settings",
+            POPULATION_KEYS,
+            True,
+            read_population,
+            build_population,
+        ),
+        Scheduler(
+            "pb2",
+            "PBT whose perturbations a GP bandit chooses",
+            POPULATION_KEYS,
+            True,
+            read_population,
+            build_population,
+        ),
     )
-}  # fmt: skip
+}
 
 
 def scheduler_of(space) -> Scheduler:

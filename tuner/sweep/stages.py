@@ -11,11 +11,6 @@ it stopped (`--resume`), and stops cleanly, with what it wrote kept, on Ctrl-C, 
 
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,54 +19,28 @@ import pandas as pd
 import ray
 import yaml
 from ray import tune
-from ray.tune import Callback
-from ray.tune.search.optuna import OptunaSearch
 
-from tuner.sweep.trials import TRIAL_RETRIES
-
-from tuner.files import user_path
+from tuner.compile import COMPILE_CACHE
 from tuner.errors import Interrupted, UserError, first_sentence
-from tuner.files import ensure_writable, folder_lock, unwritable_reason, write_text_atomic
+from tuner.files import ensure_writable, folder_lock, user_path, write_text_atomic
 from tuner.selection import SCORE, best_of, selection, started, trial_dirname, trial_score
 from tuner.space import Space
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, quiet, stage_counts
+from tuner.sweep.recovery import (
+    RESERVE_FILE,
+    StoppableOptunaSearch,
+    StorageWatch,
+    drop_damaged_errors,
+    requeue_lost_trials,
+    stopping_cleanly,
+)
 from tuner.sweep.schedulers import first_population, scheduler_of, tune_domain
 from tuner.sweep.stopping import FinalFailures, stoppers
 from tuner.sweep.trainable import federated_trial
+from tuner.sweep.trials import TRIAL_RETRIES
 
 EXPERIMENT_FILE = "experiment.yaml"
-RESERVE_FILE = ".storage-reserve"  # the space StorageWatch gives back when the storage fills
-COMPILE_CACHE = ".compile-cache"  # beside the sweeps of one storage, so later sweeps find their programs compiled
-STORAGE_RESERVE = 16 * 2**20  # bytes held free in a sweep's storage while it runs, for Ray Tune's last state snapshot
-storage_failures: dict[str, str] = {}  # a reserve file -> why its storage failed; set by StorageWatch, read by run_stage
-
-
-class StorageWatch(Callback):
-    """A failing trial may have met a full or unwritable storage; then every later trial would fail too. The sweep
-    then stops as on Ctrl-C, with the reserve given back first: on a full disk Ray Tune cuts short the experiment
-    state and the trial files it rewrites, and --resume would find them damaged."""
-
-    def __init__(self, reserve: Path):
-        self.reserve = reserve
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        self._check(trial)
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._check(trial)
-
-    def _check(self, trial) -> None:
-        if str(self.reserve) in storage_failures:
-            return
-        checkpoints = sorted(Path(trial.path).glob("checkpoint_*"))  # room for one more checkpoint, or 1 MiB
-        room = max(2**20, sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0)
-        reason = unwritable_reason(self.reserve.parent, room)
-        if reason:
-            storage_failures[str(self.reserve)] = reason
-            self.reserve.unlink(missing_ok=True)
-            if threading.current_thread() is threading.main_thread():  # where Tune catches it; elsewhere the sweep runs on
-                os.kill(os.getpid(), signal.SIGINT)
 
 
 def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
@@ -81,10 +50,25 @@ def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, 
 
 
 def run_stage(
-    sweep_dir: Path, stage: str, base: dict[str, Any], select: str, report_every: int, res: Resources,
-    *, param_space: dict | None = None, searcher=None, scheduler=None, stopper=None, samples: int = 1, expected: int | None = None,
-    rounds: int, resume: bool, extra: dict | None = None, budget: int | None = None, keep_checkpoints: int = 2,
-):  # fmt: skip
+    sweep_dir: Path,
+    stage: str,
+    base: dict[str, Any],
+    select: str,
+    report_every: int,
+    res: Resources,
+    *,
+    param_space: dict | None = None,
+    searcher=None,
+    scheduler=None,
+    stopper=None,
+    samples: int = 1,
+    expected: int | None = None,
+    rounds: int,
+    resume: bool,
+    extra: dict | None = None,
+    budget: int | None = None,
+    keep_checkpoints: int = 2,
+):
     """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
     check_request(res)  # before anything is written or started
     ensure_writable(sweep_dir, "the sweep's storage")
@@ -93,8 +77,17 @@ def run_stage(
     request = trial_resources(res)
     check_fits(request)
     cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
-    shared_rounds = worker_rounds(request, samples if expected is None else expected, rounds, res.max_concurrent, ray.cluster_resources())
-    trainable = tune.with_parameters(federated_trial, base=base, select=select, report_every=report_every, compile_cache=cache, worker_rounds=shared_rounds)
+    shared_rounds = worker_rounds(
+        request, samples if expected is None else expected, rounds, res.max_concurrent, ray.cluster_resources()
+    )
+    trainable = tune.with_parameters(
+        federated_trial,
+        base=base,
+        select=select,
+        report_every=report_every,
+        compile_cache=cache,
+        worker_rounds=shared_rounds,
+    )
     trainable = tune.with_resources(trainable, request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
         drop_damaged_errors(path)
@@ -104,53 +97,51 @@ def run_stage(
         tuner = tune.Tuner(
             trainable,
             param_space=param_space or {},
-            tune_config=tune.TuneConfig(metric=SCORE, mode="max", search_alg=searcher, scheduler=scheduler,
-                                        num_samples=samples, max_concurrent_trials=res.max_concurrent,
-                                        # a trial is seeded and built whole from its config, so a worker that ran
-                                        # one runs the next alike, without the ~2.5 s of starting and importing torch
-                                        reuse_actors=True, trial_dirname_creator=trial_dirname),  # fmt: skip
+            tune_config=tune.TuneConfig(
+                metric=SCORE,
+                mode="max",
+                search_alg=searcher,
+                scheduler=scheduler,
+                num_samples=samples,
+                max_concurrent_trials=res.max_concurrent,
+                # a trial is seeded and built whole from its config, so a worker that ran
+                # one runs the next alike, without the ~2.5 s of starting and importing torch
+                reuse_actors=True,
+                trial_dirname_creator=trial_dirname,
+            ),
             run_config=tune.RunConfig(
-                name=stage, storage_path=str(sweep_dir), stop=stopper,
-                callbacks=[SweepProgress(expected or samples, rounds, select), FinalFailures(), StorageWatch(sweep_dir / RESERVE_FILE)],
+                name=stage,
+                storage_path=str(sweep_dir),
+                stop=stopper,
+                callbacks=[
+                    SweepProgress(expected or samples, rounds, select),
+                    FinalFailures(),
+                    StorageWatch(sweep_dir / RESERVE_FILE),
+                ],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.
-                verbose=2 if res.verbose else 0, checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints),
+                verbose=2 if res.verbose else 0,
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints),
                 failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
-    reserve = sweep_dir / RESERVE_FILE
-    storage_failures.pop(str(reserve), None)
     stage_counts.update(early=0, failed=0, done=0)
-    main = threading.current_thread() is threading.main_thread()
-    INTERRUPTED.clear()
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is _ctrl_c's, which asks Tune to stop in its stead
-    previous = signal.signal(signal.SIGINT, _ctrl_c) if main else None
-    try:
-        reason = unwritable_reason(sweep_dir, STORAGE_RESERVE, keep_as=reserve)
-        if reason:
-            raise storage_failed(sweep_dir, reason)
+    with stopping_cleanly(sweep_dir) as going_on:
         grid = tuner.fit()
         for _ in range(TRIAL_RETRIES):  # trials whose worker was killed before they began run again, from round 1
-            if INTERRUPTED.is_set() or str(reserve) in storage_failures or not (lost := requeue_lost_trials(path)):
+            if not going_on() or not (lost := requeue_lost_trials(path)):
                 break
-            print(f"{lost} trials lost their worker while not running (killed between two trials); running them again", flush=True)
+            print(
+                f"{lost} trials lost their worker while not running (killed between two trials); running them again",
+                flush=True,
+            )
             stage_counts.update(early=0, failed=0, done=0)
             grid = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False).fit()
-    except Exception as e:  # the storage filled up or went away under Ray Tune's own writes, or a trial met it
-        reason = storage_failures.pop(str(reserve), None) or (e.strerror if isinstance(e, OSError) else None)
-        if reason is None or isinstance(e, UserError):
-            raise
-        raise storage_failed(sweep_dir, reason) from None
-    finally:
-        reserve.unlink(missing_ok=True)
-        if main:
-            signal.signal(signal.SIGINT, previous)
-            signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Tune leaves this stage's handler behind
-    if str(reserve) in storage_failures:
-        raise storage_failed(sweep_dir, storage_failures.pop(str(reserve)))
-    ended = stage_counts["done"] + stage_counts["failed"]  # a trial stopped by Ctrl-C is neither; one never begun neither
+    # a trial stopped by Ctrl-C is neither done nor failed; one never begun neither
+    ended = stage_counts["done"] + stage_counts["failed"]
     spent = sum((r.metrics or {}).get("round", 0) for r in grid)
-    unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended  # a spent budget ends trials
+    # a spent budget ends the trials it stopped
+    unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
         raise Interrupted(
             f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
@@ -159,88 +150,31 @@ def run_stage(
     return grid
 
 
-INTERRUPTED = threading.Event()  # set by a stage's first Ctrl-C: the search suggests no trial after it
-
-
-def _ctrl_c(signum, frame) -> None:
-    """The first Ctrl-C of a running stage (or SIGTERM, or a full storage: both send one) stops the search from
-    suggesting trials and asks Ray Tune to stop as on its own Ctrl-C (SIGUSR1: it saves the experiment's state, then
-    ends); a second, or one before Tune runs, stops at once."""
-    if INTERRUPTED.is_set() or signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-        raise KeyboardInterrupt
-    INTERRUPTED.set()
-    os.kill(os.getpid(), signal.SIGUSR1)
-
-
-class StoppableOptunaSearch(OptunaSearch):
-    """Optuna's search, which suggests no trial once its stage is stopping (Tune would start one more)."""
-
-    def suggest(self, trial_id: str):
-        return None if INTERRUPTED.is_set() else super().suggest(trial_id)
-
-
-def storage_failed(sweep_dir: Path, reason: str) -> UserError:
-    return UserError(
-        f"Cannot write to the sweep's storage {sweep_dir} ({reason}); the sweep stopped and what is already there stays: "
-        "free space or fix the folder, then run the same command with --resume."
-    )
-
-
-def requeue_lost_trials(path: Path) -> int:
-    """Mark pending, in the stage's saved state, the trials Ray Tune failed while they were not running, and return
-    how many. Tune hands a finished trial's worker the next trial (reuse_actors); a worker killed in between (the
-    OOM killer) fails that trial in its reset, unretried: Tune recovers running trials only (Ray 2.60,
-    `TuneController._process_trial_failure`). Such a trial has retries left; one that failed for good has used them
-    up, or reported a failure that FinalFailures made final (no retries). A restore then runs it from its last
-    checkpoint, or round 1. Its Optuna trial stays failed (TPE learns nothing from the rerun); a saved state of
-    another layout is left alone."""
-    state_file = max(path.glob("experiment_state-*.json"), default=None)  # the newest: the one Tune restores
-    if state_file is None:
-        return 0
-    try:
-        state = json.loads(state_file.read_text())
-        lost = 0
-        for entry in state["trial_data"]:
-            trial, meta = json.loads(entry[0]), json.loads(entry[1])
-            if trial["status"] != "ERROR" or not 0 <= meta["num_failures"] <= trial["max_failures"]:
-                continue
-            trial["status"], meta["error_filename"], meta["pickled_error_filename"] = "PENDING", None, None
-            entry[0], entry[1] = json.dumps(trial), json.dumps(meta)
-            for name in ("error.txt", "error.pkl"):  # else the report would read its rerun as failed
-                (path / trial["relative_logdir"] / name).unlink(missing_ok=True)
-            lost += 1
-    except (KeyError, TypeError, ValueError, IndexError):
-        return 0
-    if lost:
-        write_text_atomic(state_file, json.dumps(state))
-    return lost
-
-
-def drop_damaged_errors(path: Path) -> None:
-    """A trial's pickled error cut short (a full disk, a kill mid-write) would stop Tune from reading the experiment;
-    without it Tune reads the same error from error.txt."""
-    for pickled in path.glob("*/error.pkl"):
-        try:
-            with open(pickled, "rb") as f:
-                pickle.load(f)
-        except (EOFError, pickle.UnpicklingError):
-            pickled.unlink()
-
-
 def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
-    """Tune's grid over seeds: the run seed alone (one partition, as the papers), or each seed with its own partition."""
+    """Tune's grid over seeds: the run seed alone (one partition, as the papers), or each seed with its own
+    partition."""
     if vary_partition:
         return {"seeding": tune.grid_search([{"seed": s, "partition_seed": s} for s in seeds])}
     return {"seed": tune.grid_search(seeds)}
 
 
-def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary_partition: bool = False, resume: bool = False,
-          study_db: Path | None = None) -> dict:  # fmt: skip
+def sweep(
+    space: Space,
+    sweep_dir: Path,
+    res: Resources,
+    *,
+    seeds: int = 0,
+    vary_partition: bool = False,
+    resume: bool = False,
+    study_db: Path | None = None,
+) -> dict:
     """The search stage, then the seed reruns of its best configuration; returns the best trial's figures."""
     quiet(res.verbose)
     if seeds and space.population:
-        raise UserError(f"--seeds reruns one configuration, and a {space.population.kind} trial's is a schedule: replay it with "
-                        "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds.")  # fmt: skip
+        raise UserError(
+            f"--seeds reruns one configuration, and a {space.population.kind} trial's is a schedule: replay it with "
+            "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds."
+        )
     sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
     search_dir = sweep_dir / "search"
     if not resume and search_dir.exists():
@@ -253,7 +187,9 @@ def sweep(space: Space, sweep_dir: Path, res: Resources, *, seeds: int = 0, vary
         return _sweep(space, sweep_dir, res, seeds, vary_partition, resume, study_db)
 
 
-def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_partition: bool, resume: bool, study_db: Path | None) -> dict:
+def _sweep(
+    space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_partition: bool, resume: bool, study_db: Path | None
+) -> dict:
     search_dir = sweep_dir / "search"
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
@@ -262,30 +198,72 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
     searcher, param_space, scheduler, keep = None, None, kind.build(space, cfg.rounds), 2
     pop = space.population
     if kind.hands_states:  # a donor's checkpoint at every perturbation, kept until its recipients have read it
-        base, param_space, keep = {**base, "checkpoint_every": pop.interval}, {n: tune_domain(d) for n, d in space.search.items()}, 4
+        base, param_space, keep = (
+            {**base, "checkpoint_every": pop.interval},
+            {n: tune_domain(d) for n, d in space.search.items()},
+            4,
+        )
     if not restoring and pop:
         searcher = first_population(space, cfg.seed)
     elif not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
         storage = study_storage(study_db) if study_db else None
         searcher = StoppableOptunaSearch(
-            space=space.search, metric=SCORE, mode="max", sampler=space.make_sampler(cfg.seed), storage=storage,
-            study_name=sweep_dir.name, points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
-        )  # fmt: skip
+            space=space.search,
+            metric=SCORE,
+            mode="max",
+            sampler=space.make_sampler(cfg.seed),
+            storage=storage,
+            study_name=sweep_dir.name,
+            points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
+        )
     grid = run_stage(
-        sweep_dir, "search", base, space.select, space.report_every, res, param_space=param_space,
-        searcher=searcher, scheduler=scheduler, stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
-        samples=space.samples, rounds=cfg.rounds, resume=restoring, budget=space.stop.max_total_rounds, keep_checkpoints=keep,
-        extra={"method": space.method, "space": space.source, "sampler": space.sampler, "scheduler": kind.name,
-               "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)]},  # the report's axes
-    )  # fmt: skip
+        sweep_dir,
+        "search",
+        base,
+        space.select,
+        space.report_every,
+        res,
+        param_space=param_space,
+        searcher=searcher,
+        scheduler=scheduler,
+        stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
+        samples=space.samples,
+        rounds=cfg.rounds,
+        resume=restoring,
+        budget=space.stop.max_total_rounds,
+        keep_checkpoints=keep,
+        extra={
+            "method": space.method,
+            "space": space.source,
+            "sampler": space.sampler,
+            "scheduler": kind.name,
+            "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)],
+        },  # the report's axes
+    )
     figures = {r.path: population_figures(r, space.select) if pop else r.metrics for r in grid if r.metrics}
-    best = best_of((r for r in grid if r.metrics), lambda r: trial_score(figures[r.path], space.select), lambda r: started(r.path))
+    best = best_of(
+        (r for r in grid if r.metrics), lambda r: trial_score(figures[r.path], space.select), lambda r: started(r.path)
+    )
     refused = [r.metrics["failed"] for r in grid if r.metrics and r.metrics.get("failed_kind") == "refused"]
-    refusal = UserError(f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {sweep_dir} refused a setting the search gave "
-                        f"({refused[0]}); fix the space and sweep again (--name for a new sweep).") if refused else None  # fmt: skip
+    refusal = (
+        UserError(
+            f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {sweep_dir} refused a setting the search gave "
+            f"({refused[0]}); fix the space and sweep again (--name for a new sweep)."
+        )
+        if refused
+        else None
+    )
     if best is None:
-        raise refusal or UserError(f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}.")
-    summary = {"best_config": dict(best.config), "best": {k: figures[best.path].get(k) for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")}}
+        raise refusal or UserError(
+            f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}."
+        )
+    summary = {
+        "best_config": dict(best.config),
+        "best": {
+            k: figures[best.path].get(k)
+            for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")
+        },
+    }
     spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.max_total_rounds
     if budget and spent >= budget:  # trials stopped short by the budget: said, not left to look like early stopping
         summary["ended_by"] = f"the round budget: {spent} rounds over all trials reached max_total_rounds {budget}"
@@ -294,16 +272,24 @@ def _sweep(space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_parti
         raise refusal
     if seeds:
         seeds_grid = run_stage(
-            sweep_dir, "seeds", base, space.select, space.report_every, res,
+            sweep_dir,
+            "seeds",
+            base,
+            space.select,
+            space.report_every,
+            res,
             param_space={**best.config, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
-            stopper=stoppers(space.stop.patience, None), samples=1, expected=seeds, rounds=cfg.rounds,
-            resume=resume, extra={"method": space.method, "best_of": "search"},
-        )  # fmt: skip
+            stopper=stoppers(space.stop.patience, None),
+            samples=1,
+            expected=seeds,
+            rounds=cfg.rounds,
+            resume=resume,
+            extra={"method": space.method, "best_of": "search"},
+        )
         accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
         summary["seeds"] = accs
     write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
     return summary
-
 
 
 def population_figures(result, select: str) -> dict:
@@ -312,7 +298,11 @@ def population_figures(result, select: str) -> dict:
     from tuner.report.runs import lineage_rows
 
     rows, _ = lineage_rows(Path(result.path), pd.DataFrame())
-    return {**result.metrics, **selection(rows.to_dict("records"), select), "round": int(rows["round"].max())} if len(rows) else result.metrics
+    return (
+        {**result.metrics, **selection(rows.to_dict("records"), select), "round": int(rows["round"].max())}
+        if len(rows)
+        else result.metrics
+    )
 
 
 def study_storage(path: Path) -> optuna.storages.RDBStorage:
@@ -323,7 +313,10 @@ def study_storage(path: Path) -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
     except Exception as e:  # sqlalchemy's OperationalError, or a file that is not SQLite
         reason = first_sentence(getattr(e, "orig", None) or e)
-        raise UserError(f"--study-db {path} cannot be opened as an SQLite file ({reason}); name a file in a folder you can write to.") from None
+        raise UserError(
+            f"--study-db {path} cannot be opened as an SQLite file ({reason}); name a file in a folder you "
+            "can write to."
+        ) from None
 
 
 def _plain(obj):

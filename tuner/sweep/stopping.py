@@ -54,7 +54,9 @@ class RoundBudget(Stopper):
 
 
 def stoppers(patience: int | None, max_total_rounds: int | None, experiment: Path | None = None) -> Stopper | None:
-    rules = ([Patience(patience)] if patience else []) + ([RoundBudget(max_total_rounds, experiment)] if max_total_rounds else [])
+    rules = ([Patience(patience)] if patience else []) + (
+        [RoundBudget(max_total_rounds, experiment)] if max_total_rounds else []
+    )
     return CombinedStopper(*rules) if rules else None
 
 

@@ -9,7 +9,6 @@ to run and reports that state as its own, so its folder ends with it."""
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from dataclasses import replace
@@ -25,7 +24,9 @@ from tuner.selection import selection
 CHECKPOINT_FILE = "simulation.pt"
 
 
-def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str, worker_rounds: int) -> None:
+def federated_trial(
+    config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str, worker_rounds: int
+) -> None:
     """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole.
     Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
     read back instead of compiling again); a trial in a reused worker finds them in memory, so engine `auto`
@@ -35,19 +36,19 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
     import ray
     import torch
 
-    from tuner.compile import auto_engine
-
-    from tuner.sweep.trials import trial_config, trial_settings
+    from tuner.compile import auto_engine, use_cache
     from tuner.run import build_simulation
     from tuner.schedule import ROUNDS_FILE, write_rounds
+    from tuner.sweep.trials import trial_config, trial_settings
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache  # read by torch's inductor at each cache look-up
+    use_cache(compile_cache)
 
     searched = {k: v for k, v in config.items() if not isinstance(v, dict)}  # the schedule's columns
     trial = tune.get_context().get_trial_name()
     settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
     placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
-    if settings.get("device", "auto") == "auto":  # the trial's share of the cluster decides, not what the node happens to have
+    # the trial's share of the cluster decides, not what the node happens to have
+    if settings.get("device", "auto") == "auto":
         config = {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))
@@ -71,7 +72,11 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
 
         checkpoint = tune.get_checkpoint()
         schedule = restore(sim, checkpoint) if checkpoint else []
-        if checkpoint and sim.round >= cfg.rounds and Path(checkpoint.path).parent.name != Path(tune.get_context().get_trial_dir()).name:
+        if (
+            checkpoint
+            and sim.round >= cfg.rounds
+            and Path(checkpoint.path).parent.name != Path(tune.get_context().get_trial_dir()).name
+        ):
             # PBT may hand over a donor's state from its last round (the donor not yet seen finished): this trial
             # ends with that state, recorded as its own (its own state at its last round was recorded when run)
             report(checkpointed=True)
@@ -85,8 +90,19 @@ def federated_trial(config: dict[str, Any], base: dict[str, Any], select: str, r
         # Out of memory may be a neighbour's on a shared GPU, so it is retried; a divergence recurs from any
         # checkpoint (the run is seeded and resumes exactly), and a setting the run refuses is refused again.
         history, at = (sim.history, sim.round + 1) if sim else ([], 0)
-        kind = "out of memory" if isinstance(e, OutOfMemory) else "diverged" if isinstance(e, DivergedError) else "refused"
-        tune.report({**placement, **selection(history, select), "round": at, "failed": str(e), "failed_kind": kind, "retry": kind == "out of memory"})
+        kind = (
+            "out of memory" if isinstance(e, OutOfMemory) else "diverged" if isinstance(e, DivergedError) else "refused"
+        )
+        tune.report(
+            {
+                **placement,
+                **selection(history, select),
+                "round": at,
+                "failed": str(e),
+                "failed_kind": kind,
+                "retry": kind == "out of memory",
+            }
+        )
         raise
 
 
@@ -102,9 +118,14 @@ def restore(sim, checkpoint) -> list[dict]:
     older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)
     for candidate in [latest, *older]:
         try:
-            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=True)  # tensors and numbers only: never runs code
+            # tensors and numbers only: never runs code
+            state = torch.load(candidate / CHECKPOINT_FILE, weights_only=True)
         except Exception as e:  # unpickling a damaged file raises anything
-            print(f"checkpoint {candidate} cannot be read ({type(e).__name__}: {e}); trying the one before", file=sys.stderr, flush=True)
+            print(
+                f"checkpoint {candidate} cannot be read ({type(e).__name__}: {e}); trying the one before",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         sim.load_state_dict(state)
         if candidate != latest:
@@ -113,4 +134,3 @@ def restore(sim, checkpoint) -> list[dict]:
         return [r for r in read_rounds(rounds)[0] if r["round"] <= sim.round] if rounds.exists() else []
     print("no checkpoint of this trial can be read; it starts again from round 1", file=sys.stderr, flush=True)
     return []
-

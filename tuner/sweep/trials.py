@@ -7,7 +7,6 @@ from typing import Any
 
 from tuner.config import RunConfig, resolve_layers
 
-
 # A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
 # many times before Ray Tune gives up on it (max_failures); a diverging one is not retried (sweep.FinalFailures).
 TRIAL_RETRIES = 2
@@ -17,7 +16,11 @@ def trial_settings(base: dict[str, Any], params: dict[str, Any]) -> dict[str, An
     """A Tune trial's settings: its stage's fixed settings (with the method), then its grouped values (a dict: a
     table cell, a seed with its partition seed), then its single sampled values."""
     groups = [v for v in params.values() if isinstance(v, dict)]
-    return {**base, **{k: v for g in groups for k, v in g.items()}, **{k: v for k, v in params.items() if not isinstance(v, dict)}}
+    return {
+        **base,
+        **{k: v for g in groups for k, v in g.items()},
+        **{k: v for k, v in params.items() if not isinstance(v, dict)},
+    }
 
 
 def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
