@@ -48,6 +48,46 @@ and `is_on(self.hp.lam)` (algorithms/common.py) tells whether a term is switched
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
 its inputs. This package depends on torch only.
+
+A method in ten lines: FedProx's local loss, FedAvg's everything else (algorithms/fedprox.py is the real one).
+
+>>> from dataclasses import dataclass
+>>> class ProxToy(Method):
+...     name = "prox-toy"
+...
+...     @dataclass
+...     class Hparams:
+...         mu: float = 0.1
+...
+...     def loss(self, state, server, x, y):  # eq. 2 of FedProx: CE + mu/2 ||w - w_global||^2
+...         prox = sum(((state[k] - server[k]) ** 2).sum() for k in server if self.is_shared(k))
+...         return super().loss(state, server, x, y) + self.hp.mu / 2 * prox
+
+It runs on any backbone with a `body` and a `head`; at the server's model the proximal term is zero:
+
+>>> from torch import nn
+>>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+<torch._C.Generator object at ...>
+>>> backbone = nn.Module()
+>>> backbone.body, backbone.head, backbone.feature_dim = nn.Linear(4, 3), nn.Linear(3, 2), 3
+>>> method = ProxToy(Net(backbone), Training(lr=0.1, local_epochs=1, batch_size=2, num_classes=2, clients=1))
+>>> server = method.init_server(Net(backbone).initial_state())
+>>> x, y = torch.randn(2, 4), torch.tensor([0, 1])
+>>> bool(method.loss(server, server, x, y) == Method.loss(method, server, server, x, y))
+True
+>>> moved = {k: v + 1 for k, v in server.items()}
+>>> round(float(method.loss(moved, server, x, y) - Method.loss(method, moved, server, x, y)), 4)  # 0.1/2 * 23
+1.15
+
+A hook defined without the pass that calls it is refused when the class is defined:
+
+>>> class Forgetful(Method):
+...     name = "forgetful"
+...
+...     def end_local(self, client, server, stats, at):
+...         return client
+Traceback (most recent call last):
+TypeError: Forgetful: defines end_local but does not declare Passes(end_local=True)
 """
 
 from __future__ import annotations
