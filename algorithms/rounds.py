@@ -40,8 +40,8 @@ class Phase:
     def epoch_steps(self, samples: int, run_batch: int) -> int:
         """Batches of one epoch: the full ones (the last partial batch is dropped, as PFLlib does), or with a
         `share`, every batch of its samples, a partial one included."""
-        batch = self.batch or run_batch
-        return samples // batch if self.share is None else -(-self.sampled(samples) // batch)
+        batch, sampled = self.batch or run_batch, self.sampled(samples)
+        return samples // batch if sampled is None else -(-sampled // batch)
 
     def sampled(self, samples: int) -> int | None:
         """Samples an epoch of a `share` phase draws (None: the full batches of all of them)."""

@@ -180,8 +180,13 @@ def build_population(space, rounds: int):
     )
 
 
-def tune_domain(dist: optuna.distributions.BaseDistribution):
-    """An Optuna distribution of a space file as Ray Tune's sampling domain (the first population's draws)."""
+def tune_domain(
+    dist: optuna.distributions.CategoricalDistribution
+    | optuna.distributions.IntDistribution
+    | optuna.distributions.FloatDistribution,
+):
+    """An Optuna distribution of a space file (the kinds tuner/space.py makes) as Ray Tune's sampling domain (the
+    first population's draws)."""
     from ray import tune
 
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
