@@ -12,7 +12,7 @@ Methods of one's own live outside this package and are named by file or entry po
 from algorithms import apfl, fedas, fedcp, fedem, fedpac, gpfl, hypcluster, knnper
 from algorithms.apfl import APFL
 from algorithms.apple import APPLE
-from algorithms.base import Method, Unsupported, variant
+from algorithms.base import Method, Unsupported
 from algorithms.common import weighted_mean
 from algorithms.ditto import Ditto
 from algorithms.fd import FD
@@ -55,6 +55,7 @@ from algorithms.pfedme import PFedMe, PFedMeOfficial
 from algorithms.pflda import PFLDA
 from algorithms.rounds import Passes, Phase, Round, Training
 from algorithms.scaffold import SCAFFOLD
+from algorithms.variants import variant
 
 BASELINES = [
     FedAvg,

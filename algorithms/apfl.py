@@ -37,8 +37,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Unsupported, variant
+from algorithms.base import Method, Unsupported
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 GLOBAL = "global."
 ALPHA = "apfl.alpha"

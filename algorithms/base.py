@@ -93,7 +93,7 @@ TypeError: Forgetful: defines end_local but does not declare Passes(end_local=Tr
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
@@ -202,6 +202,16 @@ class Method:
 
     # --- one round
     def broadcast(self, client: State, server: State, at: Round) -> State:
+        """What a client holds once the server has sent it the round's model.
+
+        Args:
+            client: the client's state, one client's tensors (the engine maps this over the cohort).
+            server: the server's state, every client's the same.
+            at: the round the client trains next, its id, samples and steps 0-dimensional.
+
+        Returns:
+            the client's whole new state (default: the shared tensors replaced by the server's).
+        """
         return {**client, **{k: v for k, v in server.items() if self.is_shared(k)}}
 
     def statistics(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
@@ -216,11 +226,26 @@ class Method:
         raise NotImplementedError
 
     def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
-        """The tensors that change before local training; `stats` is {} without statistics_before."""
+        """Before local training (Passes(begin_local=True)).
+
+        Args:
+            stats: the sums of `statistics` over the client's data (Passes(statistics_before=True)), else {}.
+
+        Returns:
+            the tensors that change, merged into the client's state.
+        """
         raise NotImplementedError
 
     def end_local(self, client: State, server: State, stats: State, at: Round) -> State:
-        """The tensors that change after local training; `stats` is {} without statistics_after."""
+        """After local training (Passes(end_local=True)).
+
+        Args:
+            stats: the sums of `statistics` (or `trained_statistics`) with the trained model
+                (Passes(statistics_after=True)), else {}.
+
+        Returns:
+            the tensors that change, merged into the client's state.
+        """
         raise NotImplementedError
 
     def sgd(
@@ -251,17 +276,37 @@ class Method:
         )
 
     def phases(self) -> list[Phase]:
+        """Local training, in order: which tensors each stretch trains, how long, with which loss and optimizer
+        (`sgd` makes one with the run's). Default: the whole backbone, the run's epochs, `loss`."""
         return [self.sgd(("body.", "head."))]
 
     def loss(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of the client's own backbone (not of `logits`, which may predict otherwise)."""
+        """The local objective of one minibatch, differentiated with respect to the phase's tensors.
+
+        Args:
+            state: the client's state (its trained tensors current).
+            server: the server's state as broadcast this round.
+            x: the batch's inputs, decoded; y: its labels (a padded row of a `share` phase: IGNORED).
+
+        Returns:
+            a scalar (default: cross-entropy of the client's own backbone, not of `logits`).
+        """
         return F.cross_entropy(self.net.logits(state, x), y)
 
     def upload(self, client: State, server: State) -> State:
+        """What a client sends after training (default: its shared tensors); the engine stacks the cohort's."""
         return {k: v for k, v in client.items() if self.is_shared(k)}
 
     def aggregate(self, server: State, uploads: State, at: Round) -> State:
-        """Sample-weighted mean over the cohort (uploads are stacked along dim 0), taken by the server optimizer."""
+        """The server's new state from the round's uploads.
+
+        Args:
+            uploads: each uploaded tensor stacked along dim 0, row i from client `at.clients[i]`.
+            at: the round, its tensors the cohort's (`at.samples`: each client's training samples).
+
+        Returns:
+            the server's whole state (default: the sample-weighted mean, taken by `server_optimizer`).
+        """
         return {**server, **self.server_step(server, weighted_mean(uploads, at.samples))}
 
     def server_optimizer(self) -> SGD | Adam | None:
@@ -283,6 +328,7 @@ class Method:
 
     # --- prediction with the client's personalized model
     def logits(self, state: State, server: State, x: torch.Tensor) -> torch.Tensor:
+        """How a client predicts: its personalized model's logits for a batch (default: its own backbone's)."""
         return self.net.logits(state, x)
 
     def memory(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
@@ -329,27 +375,3 @@ def _declaration_problem(cls: type[Method]) -> str | None:
     if p.upload and not cls.shared and not defines("upload"):
         return "shares nothing and uploads nothing: declare Passes(upload=False) or define upload"
     return None
-
-
-def hparam_names(method_cls: type[Method]) -> list[str]:
-    return [f.name for f in fields(method_cls.Hparams)]
-
-
-def variant(base: type[Method], title: str, **hparams) -> type[Method]:
-    """A named ablation or variant of a method: the same method with other hyperparameter defaults."""
-    known = {f.name for f in fields(base.Hparams)}
-    assert set(hparams) <= known, f"{title}: unknown hyperparameters {set(hparams) - known}"
-    spec = [
-        (f.name, f.type, field(default=hparams.get(f.name, f.default)))
-        for f in fields(base.Hparams)
-        if f.name in hparams
-    ]
-    hp_cls = make_dataclass(title.replace("-", "") + "Hparams", spec, bases=(base.Hparams,))  # keeps the base's checks
-    attrs = {
-        "name": title.lower(),
-        "title": title,
-        "Hparams": hp_cls,
-        "family": base.family or base.name,
-        "fixed": {**base.fixed, **hparams},
-    }
-    return type(title.replace("-", "_"), (base,), {**attrs, "__module__": base.__module__})

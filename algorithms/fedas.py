@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from algorithms.base import Method, variant
+from algorithms.base import Method
 from algorithms.common import class_sums, weighted_mean
 from algorithms.optimizers import SGD
 from algorithms.rounds import Passes, Phase
+from algorithms.variants import variant
 
 PROTOS, HAS, FIM = "as.protos", "as.has", "as.fim"
 ALIGN_BATCH = 16  # the reference's alignment loader

@@ -32,9 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, Unsupported, variant
+from algorithms.base import Method, Unsupported
 from algorithms.common import DRAW_KEY, gumbel, mmd, prefixed, substate
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 
 @dataclass

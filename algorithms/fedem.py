@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, variant
+from algorithms.base import Method
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
 

@@ -33,9 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, Unsupported, variant
+from algorithms.base import Method, Unsupported
 from algorithms.common import cross_entropy, is_on, per_client, weighted_mean
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 COMBINE = ("qp", "protoweights", "none")
 SMALL_WEIGHT = 1e-3  # the reference implementations' cut-off

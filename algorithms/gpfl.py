@@ -37,9 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from algorithms.base import Method, variant
+from algorithms.base import Method
 from algorithms.common import label_counts, prefixed, substate
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 
 @dataclass

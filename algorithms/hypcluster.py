@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from algorithms.base import Method, variant
+from algorithms.base import Method
 from algorithms.common import substate
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 MODELS, CHOICE = "hyp.model.", "hyp.choice"
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Method, Unsupported, variant
+from algorithms.base import Method, Unsupported
 from algorithms.rounds import Passes
+from algorithms.variants import variant
 
 KEYS, LABELS, MASK = "knn.keys", "knn.labels", "knn.mask"
 LAMBDA_GRID = (0.5, 0.6, 0.7, 0.8)  # FedPAC Appendix B.3's grid for the interpolation

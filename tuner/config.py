@@ -12,7 +12,8 @@ from typing import Any, get_type_hints
 import torch
 import yaml
 
-from algorithms.base import Unsupported, hparam_names
+from algorithms.base import Unsupported
+from algorithms.variants import hparam_names
 from tuner.coercion import coerce
 from tuner.compile import auto_engine
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization

@@ -134,7 +134,18 @@ def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
     """The simulation a configuration describes: the edge where code that writes its own RunConfig (a benchmark,
     a notebook, a `replace` of a resolved one) has it resolved; settings from files and options arrive resolved
-    by tuner.config.resolve_layers, and resolving them again returns them as they are."""
+    by tuner.config.resolve_layers, and resolving them again returns them as they are.
+
+    Args:
+        cfg: the run's settings, resolved here if they are not yet.
+        data: the clients' data already on the run's device (a benchmark's), else loaded and partitioned from cfg.
+
+    Returns:
+        a Simulation at round 0: `step()` trains a round, `history` holds the rows, `executor.ran` what ran.
+
+    Raises:
+        UserError: a setting the run refuses, data it cannot load, a backbone or method that cannot run it.
+    """
     cfg = cfg.resolved()
     device = torch.device(cfg.device)
     if cfg.deterministic:
@@ -267,8 +278,23 @@ def run(
     """Run cfg.rounds rounds of a resolved configuration (resume: from the checkpoint in `out`), writing results there.
     When `stop_requested()` turns true the run stops at the end of its round with a checkpoint, so --resume
     continues it; an exception mid-round keeps the rows, and the last checkpoint stays the one before.
-    `schedule`: settings round by round (tuner.schedule.load_schedule's table), replayed from round 1; the run keeps
-    a copy, which a resume replays on."""
+
+    Args:
+        cfg: the run's settings (`tuner run` resolves them from what was typed).
+        out: the run's folder: config.yaml, metrics.parquet (a row a round) and checkpoint.pt.
+        resume: continue the run in `out` from its checkpoint up to cfg.rounds.
+        on_round: called with each round's row as it is written.
+        stop_requested: polled after each round.
+        schedule: settings round by round (tuner.schedule.load_schedule's table), replayed from round 1; the run
+            keeps a copy, which a resume replays on.
+
+    Returns:
+        the Simulation, at the round it stopped.
+
+    Raises:
+        UserError: `out` holds a run and `resume` is false; a resume finds no readable checkpoint, or asks for no
+            more rounds than were run; another command holds `out`; or the settings are refused.
+    """
     run_dir = RunDir(out)
     created = not run_dir.path.exists()
     ensure_writable(run_dir.path, "the run folder")  # before hours of training, not after
