@@ -70,6 +70,21 @@ def absolute(value):
     return [user_path(v) for v in value] if isinstance(value, (list, tuple)) else user_path(value)
 
 
+# Option help is one line, written once; a command's epilog (after its options in --help) and docs/ say the rest.
+METHOD_HELP = "A method or variant (`tuner methods`), or your own as path/to/file.py:ClassName."
+DATASET_HELP = "A built-in dataset or your own data's path (below) [default: fmnist]."
+PARTITION_HELP = "iid, pat:N, dir:BETA, pac:S or natural (below) [default: dir:0.1]."
+DATA_EPILOG = (
+    "Datasets: fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; your own: a "
+    ".parquet or .npz file (x, y, optionally client and split) or PFLlib's train/ and test/ folders "
+    "(docs/own_code.md). Partitions: iid; pat:N, N classes a client; dir:BETA, Dirichlet; pac:S, FedPAC's S % "
+    "uniform; natural, your data's own clients."
+)
+GPUS_HELP = (
+    "GPUs a trial, fractional to share one [default: 0.5 where the cluster has GPUs (docs/performance.md), else 0]."
+)
+ADDRESS_HELP = "Join a running Ray cluster (auto, or HEAD_IP:6379) instead of starting a local one."
+VERBOSE_HELP = "Show Ray's own logs and trial tables."
 SET_HELP = (
     "Any other run setting or method hyperparameter, as name=value (repeatable): lr, batch_size, "
     "local_epochs, join_ratio, eval_gap, backbone, seed, executor, device, val_frac, shift, mu, ..."

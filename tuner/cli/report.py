@@ -21,8 +21,8 @@ def report(
     ),
     select: str | None = typer.Option(
         None,
-        help="test: best test accuracy over rounds (the papers); val: test accuracy at the best validation "
-        "round [default: each run's own rule: its sweep's select, else test].",
+        help="test (the best, as the papers) or val (test accuracy at the best validation round) [default: each "
+        "run's own: its sweep's select, else test].",
     ),
 ):
     """Collect runs and sweeps into Parquet tables and rebuild the papers' tables beside their published numbers."""

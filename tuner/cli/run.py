@@ -11,31 +11,46 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tuner.cli import SET_HELP, absolute, app, at_least, console, err, make_config, user_errors
+from tuner.cli import (
+    DATA_EPILOG,
+    DATASET_HELP,
+    METHOD_HELP,
+    PARTITION_HELP,
+    SET_HELP,
+    absolute,
+    app,
+    at_least,
+    console,
+    err,
+    make_config,
+    user_errors,
+)
 from tuner.errors import UserError
 from tuner.files import user_path
 from tuner.interrupts import StopAtRoundEnd
 from tuner.plugins import canonical, method_class
 
+RUN_EPILOG = (
+    "--out holds config.yaml, metrics.parquet (a row a round) and checkpoint.pt. "
+    "--schedule takes a trial's rounds.parquet (a population-based sweep's; `tuner report` writes the best one's) "
+    "or a CSV of round and one column a setting. " + DATA_EPILOG
+)
 
-@app.command()
+
+@app.command(epilog=RUN_EPILOG)
 @user_errors
 def run(
     method: str = typer.Argument(
         ...,
-        help="Method or variant name (see `tuner methods`), e.g. fedavg, gpfl, fedpac-fa; or your own as "
-        "path/to/file.py:ClassName.",
+        help=METHOD_HELP,
     ),
     dataset: str | None = typer.Option(
         None,
-        help="fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; or your "
-        "own data as a path: a .parquet or .npz file (x, y, optionally client and split), or PFLlib's train/ "
-        "and test/ folders (docs/own_code.md) [default: fmnist].",
+        help=DATASET_HELP,
     ),
     partition: str | None = typer.Option(
         None,
-        help="iid, pat:N (N classes per client), dir:BETA (Dirichlet), pac:S (FedPAC, S % uniform), or "
-        "natural (your data's own clients) [default: dir:0.1].",
+        help=PARTITION_HELP,
     ),
     clients: int | None = typer.Option(
         None, help="Number of clients [default: 20; with --partition natural, the data's own]."
@@ -44,8 +59,7 @@ def run(
     out: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="Directory for config.yaml, metrics.parquet and checkpoint.pt; one that holds a run is refused "
-        "unless --resume [default: results/runs/METHOD-DATE-TIME].",
+        help="The run's folder; one holding a run is refused unless --resume [default: results/runs/METHOD-DATE-TIME].",
     ),
     config: Path | None = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -53,9 +67,7 @@ def run(
     schedule: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="Replay settings round by round from this file: a trial's rounds.parquet (a population-based "
-        "sweep's; `tuner report` writes the best one's) or a CSV of round and one column a setting [--rounds "
-        "default: its last round].",
+        help="Replay settings round by round from this file [--rounds default: its last round].",
     ),
 ):
     """Run one federated simulation and write its per-round metrics."""

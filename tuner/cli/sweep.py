@@ -9,7 +9,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import absolute, app, at_least, console, err, user_errors
+from tuner.cli import (
+    ADDRESS_HELP,
+    GPUS_HELP,
+    METHOD_HELP,
+    VERBOSE_HELP,
+    absolute,
+    app,
+    at_least,
+    console,
+    err,
+    user_errors,
+)
 from tuner.cli.tables import chosen_by, print_tables
 from tuner.config import parse_set
 from tuner.errors import UserError
@@ -23,9 +34,7 @@ SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
 @app.command()
 @user_errors
 def sweep(
-    method: str = typer.Argument(
-        ..., help="Method or variant name (see `tuner methods`), or your own as path/to/file.py:ClassName."
-    ),
+    method: str = typer.Argument(..., help=METHOD_HELP),
     space: Path = typer.Option(..., callback=absolute, help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
     name: str | None = typer.Option(
         None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."
@@ -39,8 +48,8 @@ def sweep(
     ),
     select: str | None = typer.Option(
         None,
-        help="val: test accuracy at the best validation round (honest, the default); test: best test accuracy "
-        "over rounds, as the papers report [default: the space's, else val].",
+        help="val (test accuracy at the best validation round) or test (the best, as the papers) [default: the "
+        "space's, else val].",
     ),
     seeds: int = typer.Option(
         0, help="Rerun the best configuration with this many fresh seeds (mean ± std, as the papers)."
@@ -60,15 +69,12 @@ def sweep(
     cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per trial."),
     gpus_per_trial: float | None = typer.Option(
         None,
-        help="GPUs per trial, fractional to share one GPU [default: 0.5 if the cluster has GPUs (two trials a "
-        "GPU, the measured knee: docs/performance.md), else 0].",
+        help=GPUS_HELP,
     ),
     max_concurrent: int | None = typer.Option(
         None, help="At most this many trials at once [default: as resources allow]."
     ),
-    address: str | None = typer.Option(
-        None, help="Join a running Ray cluster (e.g. auto, or HEAD_IP:6379) instead of starting a local one."
-    ),
+    address: str | None = typer.Option(None, help=ADDRESS_HELP),
     study_db: Path | None = typer.Option(
         None, callback=absolute, help="Keep the Optuna study in this SQLite file (viewable with optuna-dashboard)."
     ),
@@ -77,12 +83,11 @@ def sweep(
         help="Continue an interrupted sweep of the same name: finished trials stay, unfinished ones resume "
         "from their checkpoints.",
     ),
-    verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
+    verbose: bool = typer.Option(False, help=VERBOSE_HELP),
     compile_cache: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="Folder where trials keep their compiled programs, shared by the sweep's trials and kept for "
-        "later sweeps; a new folder starts cold [default: STORAGE/.compile-cache].",
+        help="Folder of the trials' compiled programs, kept for later sweeps [default: STORAGE/.compile-cache].",
     ),
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
@@ -170,13 +175,12 @@ def reproduce(
     cpus_per_trial: float = typer.Option(1.0, help="CPUs reserved per run."),
     gpus_per_trial: float | None = typer.Option(
         None,
-        help="GPUs per run, fractional to share one [default: 0.5 if the cluster has GPUs (two runs a GPU, "
-        "the measured knee), else 0].",
+        help=GPUS_HELP,
     ),
     max_concurrent: int | None = typer.Option(None, help="At most this many runs at once."),
-    address: str | None = typer.Option(None, help="Join a running Ray cluster instead of starting a local one."),
+    address: str | None = typer.Option(None, help=ADDRESS_HELP),
     resume: bool = typer.Option(False, help="Continue an interrupted reproduction."),
-    verbose: bool = typer.Option(False, help="Show Ray's own logs and trial tables."),
+    verbose: bool = typer.Option(False, help=VERBOSE_HELP),
 ):
     """Run every cell of a paper's table that the local data allows, with several seeds, then print the table."""
     from tuner.report.write import report as build_report
