@@ -264,16 +264,8 @@ class Method:
         lr default to the run's."""
         t = self.training
         epochs = t.local_epochs if epochs is None else epochs
-        return Phase(
-            trains,
-            epochs,
-            SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay, plain=plain),
-            loss,
-            steps,
-            batch,
-            clip,
-            clip_groups,
-        )
+        optimizer = SGD(t.lr if lr is None else lr, t.momentum, t.weight_decay, plain=plain)
+        return Phase(trains, epochs, optimizer, loss=loss, steps=steps, batch=batch, clip=clip, clip_groups=clip_groups)
 
     def phases(self) -> list[Phase]:
         """Local training, in order: which tensors each stretch trains, how long, with which loss and optimizer

@@ -176,19 +176,19 @@ def build_method(cfg: RunConfig, data: FederatedData) -> Method:
     method_cls = method_class(cfg.method)
     class_counts = tuple(torch.bincount(data.train.y.cpu(), minlength=data.num_classes).tolist())
     training = Training(
-        cfg.lr,
-        cfg.local_epochs,
-        cfg.batch_size,
-        data.num_classes,
-        data.num_clients,
-        cfg.momentum,
-        cfg.weight_decay,
-        cfg.rounds,
-        sum(cfg.join_range()) / 2,
-        cfg.seed,
-        class_counts,
-        cfg.join_range()[1],
-        tuple(int(c) for c in data.train.counts),
+        lr=cfg.lr,
+        local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        num_classes=data.num_classes,
+        clients=data.num_clients,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        rounds=cfg.rounds,
+        participation=sum(cfg.join_range()) / 2,
+        seed=cfg.seed,
+        class_counts=class_counts,
+        participation_max=cfg.join_range()[1],
+        client_samples=tuple(int(c) for c in data.train.counts),
     )
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
         torch.random.default_generator.manual_seed(cfg.seed)

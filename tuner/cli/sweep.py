@@ -107,7 +107,14 @@ def sweep(
     sp = load_space(space, method, overrides, parse_set(set_))
     stem, short = space.stem, method_class(sp.method).name  # a method of one's own: its name, not its file
     sweep_dir = user_path(storage / Path(name or (stem if stem.startswith(short) else f"{short}-{stem}")).expanduser())
-    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose, compile_cache)
+    res = Resources(
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        max_concurrent=max_concurrent,
+        address=address,
+        verbose=verbose,
+        compile_cache=compile_cache,
+    )
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")
     for note in sp.notes:
@@ -190,7 +197,13 @@ def reproduce(
     at_least("--seeds", seeds, 1)
     at_least("--rounds", rounds, 1)
     at_least("--patience", patience, 1)
-    res = Resources(cpus_per_trial, gpus_per_trial, max_concurrent, address, verbose)
+    res = Resources(
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        max_concurrent=max_concurrent,
+        address=address,
+        verbose=verbose,
+    )
     sweep_dir, skipped = run_reproduction(
         table,
         storage,
