@@ -194,18 +194,17 @@ def _sweep(
     base = {"method": space.method, **space.settings}
     cfg = space.base_config()
     restoring = resume and tune.Tuner.can_restore(str(search_dir))
-    kind = scheduler_of(space)
-    searcher, param_space, scheduler, keep = None, None, kind.build(space, cfg.rounds), 2
-    pop = space.population
-    if kind.hands_states:  # a donor's checkpoint at every perturbation, kept until its recipients have read it
-        base, param_space, keep = (
-            {**base, "checkpoint_every": pop.interval},
-            {n: tune_domain(d) for n, d in space.search.items()},
-            4,
-        )
-    if not restoring and pop:
+    kind, pop = scheduler_of(space), space.population
+    # A population's trials draw their first values from Tune's domains and take states from each other: a donor's
+    # checkpoint at every perturbation, kept until its recipients have read it. Optuna's draw them through the searcher.
+    param_space = {n: tune_domain(d) for n, d in space.search.items()} if kind.hands_states else None
+    keep = 4 if kind.hands_states else 2
+    if kind.hands_states:
+        base = {**base, "checkpoint_every": pop.interval}
+    searcher = None  # a restored sweep brings its own; a new one would enqueue the default point again
+    if not restoring and kind.hands_states:
         searcher = first_population(space, cfg.seed)
-    elif not restoring:  # a restored sweep brings its own searcher; a new one would enqueue the default point again
+    elif not restoring:
         storage = study_storage(study_db) if study_db else None
         searcher = StoppableOptunaSearch(
             space=space.search,
@@ -225,7 +224,7 @@ def _sweep(
         res,
         param_space=param_space,
         searcher=searcher,
-        scheduler=scheduler,
+        scheduler=kind.build(space, cfg.rounds),
         stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
         samples=space.samples,
         rounds=cfg.rounds,
