@@ -106,7 +106,7 @@ def test_scaffold_control_variates_settle_on_a_convex_problem_under_the_runs_opt
         controls.append(
             torch.cat([sim.clients["scaffold.ci." + k].flatten(1) for k in sim.method.net.param_keys], 1).clone()
         )
-    changes = [b - a for a, b in zip(controls, controls[1:], strict=True)]
+    changes = [b - a for a, b in zip(controls, controls[1:], strict=False)]
     late = range(len(changes) - 10, len(changes))
     relative = sum((changes[i].norm() / controls[i + 1].norm()).item() for i in late) / 10
     turning = sum(F.cosine_similarity(changes[i - 1].flatten(), changes[i].flatten(), 0).item() for i in late) / 10

@@ -123,43 +123,53 @@ class Program:
         ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
 
     def __call__(self, *args):
-        config = self.ran.config
-        kept = SHAPES_NEEDED.get((self.name, self.device.type))
-        # after a retry (this run's or the process's): shapes compiled before it
-        if kept and min(kept.values()) < config:
-            config = kept.get(call_shapes(args), config)
+        config = self._first_config(args)
         while True:
-            if config not in self.compiled:
-                self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
-            # here: importing dynamo costs seconds, and a sweep's or report's own process trains nothing
-            from torch._dynamo.utils import (
-                counters,
-            )
-
-            programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
             try:
-                out = self.compiled[config](*args)
+                return self._run(config, args)
             except compile_errors() as e:  # nothing was written yet: a failed compile runs nothing
                 if config + 1 == len(INDUCTOR_CONFIGS):
                     raise
-                self.ran.config, self.ran.retries = max(self.ran.config, config + 1), self.ran.retries + 1
-                say(
-                    f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[config][0]} ({first_line(e)}); "
-                    f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}."
-                )
-                config = self.ran.config
-                continue
-            if config:  # compiled, under a configuration the default failed for: the process's later runs start from it
-                NEEDED[self.name, self.device.type] = config
-            compiled = counters["stats"]["unique_graphs"] - programs
-            if compiled and config + 1 < len(INDUCTOR_CONFIGS):
-                SHAPES_NEEDED.setdefault((self.name, self.device.type), {})[call_shapes(args)] = config
-            self.ran.programs += compiled
-            if counters["inductor"]["cudagraph_skips"] > skips:
-                self.graphed = False
-                self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
-            self.ran.graph_calls += self.graphed
-            return out
+                config = self._retry(config, e)
+
+    def _first_config(self, args: tuple) -> int:
+        """The run's configuration; after a retry (this run's or the process's), the one a shape compiled under
+        before it, whose program dynamo keeps for that configuration only."""
+        kept = SHAPES_NEEDED.get((self.name, self.device.type))
+        if kept and min(kept.values()) < self.ran.config:
+            return kept.get(call_shapes(args), self.ran.config)
+        return self.ran.config
+
+    def _retry(self, config: int, error: Exception) -> int:
+        """The configuration to compile under after `config` failed, kept for the run's later programs."""
+        self.ran.config, self.ran.retries = max(self.ran.config, config + 1), self.ran.retries + 1
+        say(
+            f"Compiling {self.name} failed under {INDUCTOR_CONFIGS[config][0]} ({first_line(error)}); "
+            f"compiling again with {INDUCTOR_CONFIGS[self.ran.config][0]}."
+        )
+        return self.ran.config
+
+    def _run(self, config: int, args: tuple):
+        """One call under `config`, compiling first where needed; what it compiled is remembered and counted."""
+        from torch._dynamo.utils import (
+            counters,
+        )  # here: importing dynamo costs seconds, and a sweep's process trains nothing
+
+        if config not in self.compiled:
+            self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
+        programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+        out = self.compiled[config](*args)
+        if config:  # compiled, under a configuration the default failed for: the process's later runs start from it
+            NEEDED[self.name, self.device.type] = config
+        compiled = counters["stats"]["unique_graphs"] - programs
+        if compiled and config + 1 < len(INDUCTOR_CONFIGS):
+            SHAPES_NEEDED.setdefault((self.name, self.device.type), {})[call_shapes(args)] = config
+        self.ran.programs += compiled
+        if counters["inductor"]["cudagraph_skips"] > skips:
+            self.graphed = False
+            self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
+        self.ran.graph_calls += self.graphed
+        return out
 
 
 def call_shapes(args: tuple) -> tuple:

@@ -11,17 +11,19 @@ the bottom quantile takes the whole federated state of one in the top quantile (
 the server's tensors, the method's own state, the rows so far; keyed draws follow the round) and changes the
 settings the space lets it mutate. A changed value is a new input of the same compiled programs, so nothing
 recompiles. What each trial's state went through, round by round, is written beside its checkpoint (`ROUNDS_FILE`,
-tuner/sweep/trainable.py) and replays with `tuner run --schedule`. Ray is imported only when a scheduler is built."""
+tuner/sweep/trainable.py) and replays with `tuner run --schedule`. Optuna and Ray are imported only where a space
+is read or a scheduler built, so `tuner run` and `tuner report` need neither."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import UserError
+
+if TYPE_CHECKING:  # Optuna and Ray are imported where a sweep reads or builds: `tuner run` needs neither
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 # What population-based training may change while a trial trains: floats every step reads as a program input (a
 # changed value recompiles nothing, docs/engine.md), never what shapes a step or the data (batch size, epochs, the
@@ -99,7 +101,9 @@ def _mutated(kind: str, spec: dict, space, cfg) -> list[str]:
     """The settings a population perturbs: float settings a step reads as inputs, searched by a float range."""
     where = space.source
     mutable = set(MUTABLE_SETTINGS) | {k for k, v in cfg.hparams.items() if isinstance(v, float)}
-    floats = [n for n, d in space.search.items() if isinstance(d, optuna.distributions.FloatDistribution)]
+    from optuna.distributions import FloatDistribution
+
+    floats = [n for n, d in space.search.items() if isinstance(d, FloatDistribution)]
     mutate = spec.get("mutate", [n for n in floats if n in mutable])
     if not isinstance(mutate, list) or not mutate:
         raise UserError(
@@ -181,17 +185,16 @@ def build_population(space, rounds: int):
 
 
 def tune_domain(
-    dist: optuna.distributions.CategoricalDistribution
-    | optuna.distributions.IntDistribution
-    | optuna.distributions.FloatDistribution,
+    dist: CategoricalDistribution | IntDistribution | FloatDistribution,
 ):
     """An Optuna distribution of a space file (the kinds tuner/space.py makes) as Ray Tune's sampling domain (the
     first population's draws)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
     from ray import tune
 
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+    if isinstance(dist, CategoricalDistribution):
         return tune.choice(list(dist.choices))
-    if isinstance(dist, optuna.distributions.IntDistribution):
+    if isinstance(dist, IntDistribution):
         return tune.randint(dist.low, dist.high + 1)
     return (tune.loguniform if dist.log else tune.uniform)(dist.low, dist.high)
 
