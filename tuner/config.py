@@ -6,6 +6,7 @@ that is neither a run setting nor a hyperparameter of the method is refused.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, get_type_hints
 
@@ -52,6 +53,11 @@ def auto_executor(device: str, batch_size: int) -> str:
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
+
+
+# The configurations that are their own resolution, by identity, for as long as they live: a `replace` of one is a
+# new object, resolved anew; nothing of it reaches config.yaml.
+RESOLVED: weakref.WeakValueDictionary[int, RunConfig] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ class RunConfig:
         """The run this configuration describes: every unset setting filled from the papers' table
         (tuner/defaults.py), the device and executor decided, every value checked. Done once: the
         result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
-        if getattr(self, "_resolved", False):
+        if RESOLVED.get(id(self)) is self:
             return self
         method = method_class(self.method)
         dataset, clients, backbone = self._data_settings()
@@ -141,7 +147,7 @@ class RunConfig:
             engine=engine,
             hparams=hp,
         )._checked()
-        object.__setattr__(out, "_resolved", True)  # not a field: never written to config.yaml
+        RESOLVED[id(out)] = out
         return out
 
     def _data_settings(self) -> tuple[str, int, str | None]:
