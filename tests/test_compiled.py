@@ -8,6 +8,8 @@ Every test asserts that the compiled path ran (`assert_compiled_ran`): a run who
 goes on eager and gives the same numbers, so equality alone cannot tell. `test_each_check_fails_when_compiling_fails`
 runs every test of this file with compiling made to fail and requires each to fail."""
 
+import json
+
 import pytest
 import torch
 import torch._dynamo
@@ -169,7 +171,7 @@ def test_each_check_fails_when_compiling_fails(check, compiling_fails, monkeypat
         test(**args)
 
 
-def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(monkeypatch, capfd):
+def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(monkeypatch, capfd, tmp_path):
     """Inductor's scheduler fails as it does on CUDA with torch 2.11 (an assertion in loop reordering after fusion,
     which a CPU never runs: here it is made to): the run compiles again without it, says so in one line, and
     runs compiled, equal to eager."""
@@ -184,6 +186,7 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     monkeypatch.setattr(tuner.compile, "NEEDED", {})
     monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # where the configuration is kept for new processes
     torch._dynamo.reset()
     cfg = dict(partition="iid", clients=2, join_ratio="1", val_frac=0.0)
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
@@ -202,9 +205,24 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     assert_compiled_ran(second, rows, config=1)
     assert second.executor.ran.retries == 0
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
+    # So does a new process (a sweep's next worker): the configuration is kept beside the compile cache, for this torch.
+    kept = json.loads((tmp_path / tuner.compile.NEEDED_FILE).read_text())
+    # the steps' program, and the evaluation's, compiled under the run's configuration after the retry
+    assert kept == {f"FedAvg's {what} | cpu | torch {torch.__version__}": 1 for what in ("steps", "logits")}
+    monkeypatch.setattr(tuner.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    torch._dynamo.reset()
+    third, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", lr=0.03, **cfg), 1)
+    assert_compiled_ran(third, rows, config=1)
+    assert third.executor.ran.retries == 0
+    assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
+    # another torch's Inductor may fail otherwise: its configurations are not taken
+    monkeypatch.setattr(tuner.compile, "NEEDED", {})
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert tuner.compile.needed_before("FedAvg's steps", "cpu") == 0
 
 
-def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch):
+def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch, tmp_path):
     """On a GPU a run's first programs may compile under the default configuration and a later shape fail (FedCP on
     an H100: its timed rounds compiled 2 programs again, 13.1 s a round against 0.52): the shapes compiled
     before the retry keep their programs, so round 2 compiles nothing."""
@@ -221,6 +239,7 @@ def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch):
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     monkeypatch.setattr(tuner.compile, "NEEDED", {})
     monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no configuration kept by an earlier process
     torch._dynamo.reset()
     # uneven clients: the cohort's rows shrink within a round
     cfg = dict(partition="dir:0.3", clients=4, join_ratio="1", val_frac=0.0)

@@ -1,12 +1,14 @@
-"""The compile policy, in one room: when `engine=auto` compiles (the rounds that repay compiling, measured on a CPU
-and on CUDA: `auto_engine`), how a program is compiled (`compile_program`: fixed shapes, CUDA graphs on a GPU),
-under which Inductor configuration and how a failed compile is retried (`Program`, `INDUCTOR_CONFIGS`, remembered
-for the process in `NEEDED` and `SHAPES_NEEDED`), what ran (`Ran`, so a figure labelled compiled is never an eager
-run's) and where the compiled programs are kept (`use_cache`). A program that no configuration compiles raises to
-its executor, which goes on eager (tuner/executors.py, `compile_failed`); the steps themselves are tuner/steps.py's."""
+"""The compile policy, in one room: when `engine=auto` compiles (the rounds that repay compiling, measured on a CPU and
+on CUDA: `auto_engine`), how a program is compiled (`compile_program`: fixed shapes, CUDA graphs on a GPU), under
+which Inductor configuration and how a failed compile is retried (`Program`, `INDUCTOR_CONFIGS`, remembered for the
+process in `NEEDED` and `SHAPES_NEEDED`, the first on disk for later processes too), what ran (`Ran`, so a figure
+labelled compiled is never an eager run's) and where the compiled programs are kept (`use_cache`). A program that no
+configuration compiles raises to its executor, which goes on eager (tuner/executors.py, `compile_failed`); the steps
+themselves are tuner/steps.py's."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from tuner.errors import first_sentence
+from tuner.files import write_atomic
 
 # Rounds on a CPU from which compiling repays itself: what a round saves depends on how much of it is small
 # operations, so the break-even is the backbone's. Set from runs of bench/compile_once.py (the small setting: GPFL,
@@ -53,8 +56,11 @@ INDUCTOR_CONFIGS: tuple[tuple[str, dict], ...] = (
 )
 # The configuration a program of a name (a method's steps, ...) compiled under on a kind of device after the
 # default failed, for the process: a sweep's next trial in the same worker compiles under it at once rather than
-# failing again (seconds a trial).
+# failing again (seconds a trial). Kept on disk too, beside the compile cache (`NEEDED_FILE`, for this torch), so a
+# new process, a sweep's next worker, starts from it (the default failed again in every new process on a GPU:
+# 15 to 25 s of compiling each).
 NEEDED: dict[tuple[str, str], int] = {}
+NEEDED_FILE = "pfl-tuner-inductor-configs.json"
 # The configuration each shape of a name's programs compiled under, where a later shape's retry may leave it: a
 # retry keeps those programs, for the run and for the process's later runs (dynamo keeps a program for its own
 # configuration only: called under the retry's, the shape compiles again, 2 programs and 22 s for FedAvg's second
@@ -120,7 +126,7 @@ class Program:
         self.fn, self.device, self.ran, self.name = fn, device, ran, name
         self.compiled: dict[int, Callable] = {}  # fn compiled under each Inductor configuration it has run under
         self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
-        ran.config = max(ran.config, NEEDED.get((name, device.type), 0))
+        ran.config = max(ran.config, needed_before(name, device.type))
 
     def __call__(self, *args):
         config = self._first_config(args)
@@ -159,8 +165,8 @@ class Program:
             self.compiled[config] = compile_program(self.fn, self.device, INDUCTOR_CONFIGS[config][1])
         programs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
         out = self.compiled[config](*args)
-        if config:  # compiled, under a configuration the default failed for: the process's later runs start from it
-            NEEDED[self.name, self.device.type] = config
+        if config and NEEDED.get((self.name, self.device.type)) != config:
+            remember_needed(self.name, self.device.type, config)  # later runs, here and in new processes, start from it
         compiled = counters["stats"]["unique_graphs"] - programs
         if compiled and config + 1 < len(INDUCTOR_CONFIGS):
             SHAPES_NEEDED.setdefault((self.name, self.device.type), {})[call_shapes(args)] = config
@@ -170,6 +176,48 @@ class Program:
             self.ran.graph_skips += counters["inductor"]["cudagraph_skips"] - skips
         self.ran.graph_calls += self.graphed
         return out
+
+
+def _needed_on_disk() -> tuple[Path, dict[str, int]]:
+    """The file beside torch's compile cache (TORCHINDUCTOR_CACHE_DIR, a sweep's `--compile-cache`) that keeps the
+    configuration each program needed, and what it holds ({} when absent or unreadable)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    path = Path(cache_dir()) / NEEDED_FILE
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return path, {}
+    return path, known if isinstance(known, dict) else {}
+
+
+def _needed_key(name: str, device_type: str) -> str:
+    return f"{name} | {device_type} | torch {torch.__version__}"  # another torch's Inductor may fail otherwise
+
+
+def needed_before(name: str, device_type: str) -> int:
+    """The configuration a program of this name needed on this kind of device: in this process, else in an earlier
+    one with this torch (on disk); 0, the default, when none is known."""
+    if (name, device_type) in NEEDED:
+        return NEEDED[name, device_type]
+    config = _needed_on_disk()[1].get(_needed_key(name, device_type), 0)
+    return config if type(config) is int and 0 <= config < len(INDUCTOR_CONFIGS) else 0
+
+
+def remember_needed(name: str, device_type: str, config: int) -> None:
+    """Keep the configuration a program needed, for this process and on disk; a file that cannot be written leaves
+    the next process to find it again (an optimisation never fails a run)."""
+    NEEDED[name, device_type] = config
+    path, known = _needed_on_disk()
+    try:
+        text = json.dumps({**known, _needed_key(name, device_type): config})
+
+        def write(tmp: Path) -> None:
+            tmp.write_text(text)
+
+        write_atomic(path, write)
+    except OSError:
+        pass
 
 
 def call_shapes(args: tuple) -> tuple:
