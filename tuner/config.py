@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, cast, get_type_hints
 
 import torch
 import yaml
@@ -104,12 +104,12 @@ class RunConfig:
     checkpoint_every: int = 50
     hparams: dict[str, Any] = field(default_factory=dict)
 
-    def resolved(self) -> RunConfig:
+    def resolved(self) -> ResolvedConfig:
         """The run this configuration describes: every unset setting filled from the papers' table
         (tuner/defaults.py), the device and executor decided, every value checked. Done once: the
         result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
         if RESOLVED.get(id(self)) is self:
-            return self
+            return cast(ResolvedConfig, self)
         method = method_class(self.method)
         dataset, clients, backbone = self._data_settings()
         protocol = self.protocol or home_protocol(method.family or method.name)
@@ -135,7 +135,7 @@ class RunConfig:
             else self.engine
         )
         run["normalize"] = self._normalization(dataset, run["normalize"])
-        out = replace(
+        filled = replace(
             self,
             method=canonical(self.method),
             dataset=dataset,
@@ -146,9 +146,10 @@ class RunConfig:
             executor=executor,
             engine=engine,
             hparams=hp,
-        )._checked()
+        )
+        out = _checked(cast(ResolvedConfig, filled))  # every run setting filled from the table above
         RESOLVED[id(out)] = out
-        return out
+        return cast(ResolvedConfig, out)
 
     def _data_settings(self) -> tuple[str, int, str | None]:
         """The dataset (a user's: its absolute path), the federation's size and the backbone where the data
@@ -213,34 +214,6 @@ class RunConfig:
             )
         return chosen if takes else "none"
 
-    def _checked(self) -> RunConfig:
-        for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
-            if getattr(self, name) < 1:
-                raise UserError(f"Setting {name} must be at least 1, not {getattr(self, name)}.")
-        for name in ("local_epochs", "cohort_chunk", "seed", "partition_seed", "momentum", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise UserError(f"Setting {name} cannot be negative, not {getattr(self, name)}.")
-        if not 0 < self.train_frac < 1 or not 0 <= self.val_frac < 1:
-            raise UserError(
-                f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {self.train_frac} and {self.val_frac}."
-            )
-        if self.shift not in SHIFTS:
-            raise UserError(f"Unknown shift '{self.shift}'; choose one of {', '.join(SHIFTS)}.")
-        if self.dtype not in DTYPES:
-            raise UserError(f"Unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}.")
-        if self.executor not in EXECUTORS:
-            raise UserError(f"Unknown executor '{self.executor}'; choose one of auto, {', '.join(EXECUTORS)}.")
-        if self.engine not in ENGINES:
-            raise UserError(f"Unknown engine '{self.engine}'; choose one of auto, {', '.join(ENGINES)}.")
-        if self.lr <= 0:
-            raise UserError(f"Setting lr must be positive, not {self.lr}.")
-        try:
-            method_class(self.method).Hparams(**self.hparams)
-        except Unsupported as e:
-            raise UserError(str(e)) from None
-        data_dir = str(user_path(self.data_dir)) if self.data_dir else None  # trials read it from another directory
-        return replace(self, data_dir=data_dir)
-
     def join_range(self) -> tuple[float, float]:
         text = str(self.join_ratio)
         try:
@@ -256,6 +229,58 @@ class RunConfig:
         return yaml.safe_dump(asdict(self), sort_keys=False)
 
 
+if TYPE_CHECKING:
+
+    class ResolvedConfig(RunConfig):
+        """For the type checker: a RunConfig that is its own resolution, every setting the papers' table fills set."""
+
+        clients: int
+        protocol: str
+        backbone: str
+        lr: float
+        batch_size: int
+        local_epochs: int
+        momentum: float
+        weight_decay: float
+        groups: int
+        full_last_round: bool
+        augment: bool
+        normalize: str
+
+else:
+    ResolvedConfig = RunConfig  # one class at run time: resolution is a state (RESOLVED), not a type
+
+
+def _checked(cfg: ResolvedConfig) -> ResolvedConfig:
+    """Every resolved setting checked; a user's data_dir made absolute (trials read it from another directory)."""
+    for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"Setting {name} must be at least 1, not {getattr(cfg, name)}.")
+    for name in ("local_epochs", "cohort_chunk", "seed", "partition_seed", "momentum", "weight_decay"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"Setting {name} cannot be negative, not {getattr(cfg, name)}.")
+    if not 0 < cfg.train_frac < 1 or not 0 <= cfg.val_frac < 1:
+        raise UserError(
+            f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {cfg.train_frac} and {cfg.val_frac}."
+        )
+    if cfg.shift not in SHIFTS:
+        raise UserError(f"Unknown shift '{cfg.shift}'; choose one of {', '.join(SHIFTS)}.")
+    if cfg.dtype not in DTYPES:
+        raise UserError(f"Unknown dtype '{cfg.dtype}'; choose one of {', '.join(DTYPES)}.")
+    if cfg.executor not in EXECUTORS:
+        raise UserError(f"Unknown executor '{cfg.executor}'; choose one of auto, {', '.join(EXECUTORS)}.")
+    if cfg.engine not in ENGINES:
+        raise UserError(f"Unknown engine '{cfg.engine}'; choose one of auto, {', '.join(ENGINES)}.")
+    if cfg.lr <= 0:
+        raise UserError(f"Setting lr must be positive, not {cfg.lr}.")
+    try:
+        method_class(cfg.method).Hparams(**cfg.hparams)
+    except Unsupported as e:
+        raise UserError(str(e)) from None
+    data_dir = str(user_path(cfg.data_dir)) if cfg.data_dir else None  # trials read it from another directory
+    return replace(cfg, data_dir=data_dir)
+
+
 RUN_FIELDS = {name: hint for name, hint in get_type_hints(RunConfig).items() if name != "hparams"}
 
 
@@ -265,7 +290,8 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
     hp_cls = method.Hparams
     hp_fields = {f.name: f for f in fields(hp_cls)}
     hp_hints = get_type_hints(hp_cls)
-    updates, hp = {}, dict(cfg.hparams)
+    updates: dict[str, Any] = {}
+    hp = dict(cfg.hparams)
     for name, value in settings.items():
         if name in RUN_FIELDS or name in hp_fields:
             try:
@@ -307,7 +333,7 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
+def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> ResolvedConfig:
     """The run that layers of settings describe, each over the ones before (a file, the options, --set, a
     trial's values), resolved: where settings become a run, the one place that resolves them. A value the run
     refuses is blamed on the layer that brought it (0 is a value, never unset)."""
@@ -324,7 +350,7 @@ def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> Run
     raise UserError(f"{blamed}: {resolved}" if blamed else str(resolved)) from None
 
 
-def _resolution(cfg: RunConfig) -> RunConfig | UserError:
+def _resolution(cfg: RunConfig) -> ResolvedConfig | UserError:
     try:
         return cfg.resolved()
     except UserError as refused:

@@ -19,7 +19,7 @@ import yaml
 from algorithms.base import Method, Unsupported
 from algorithms.net import Net
 from algorithms.rounds import Training
-from tuner.config import RunConfig, apply_settings
+from tuner.config import ResolvedConfig, RunConfig, apply_settings
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
@@ -36,7 +36,7 @@ from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
 
-def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
+def partition_spec(cfg: ResolvedConfig, ds: Dataset) -> PartitionSpec:
     """The partition depends on the data settings only: never on the run's seed or batch size."""
     kind, value = parse_partition(cfg.partition)
     n = len(ds.y)
@@ -61,7 +61,7 @@ def partition_spec(cfg: RunConfig, ds: Dataset) -> PartitionSpec:
     )
 
 
-def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
+def build_data(cfg: ResolvedConfig, device: torch.device) -> FederatedData:
     ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
     if cfg.augment and ds.kind != "image":
         raise UserError(f"augment=true crops and flips images; {cfg.dataset} holds {ds.kind} data.")
@@ -80,7 +80,7 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedData:
     return data
 
 
-def check_batches(cfg: RunConfig, data: FederatedData) -> None:
+def check_batches(cfg: ResolvedConfig, data: FederatedData) -> None:
     """Every client trains: one full batch at least (the last partial batch is dropped, as PFLlib does)."""
     counts = data.train.counts
     short = [i for i, n in enumerate(counts) if n < cfg.batch_size]
@@ -105,7 +105,7 @@ def check_batches(cfg: RunConfig, data: FederatedData) -> None:
     )
 
 
-def check_scored(cfg: RunConfig, data: FederatedData, own_split: bool) -> None:
+def check_scored(cfg: ResolvedConfig, data: FederatedData, own_split: bool) -> None:
     """Every client is scored: a mean over fewer clients than the run names would be another experiment."""
     splits = [("test", data.test)] + ([("validation", data.val)] if cfg.val_frac > 0 else [])
     for split, part in splits:
@@ -170,7 +170,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     return Simulation(method, data, settings)
 
 
-def build_method(cfg: RunConfig, data: FederatedData) -> Method:
+def build_method(cfg: ResolvedConfig, data: FederatedData) -> Method:
     """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume);
     `cfg` resolved."""
     method_cls = method_class(cfg.method)
@@ -311,11 +311,12 @@ def run(
 def _run(
     cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule: pd.DataFrame | None
 ) -> Simulation:
-    kept, given = run_dir.path / SCHEDULE_FILE, schedule is not None
-    if not given and resume and kept.exists():
+    kept, given = run_dir.path / SCHEDULE_FILE, schedule
+    if given is None and resume and kept.exists():
         schedule = load_schedule(kept, cfg)
-    current = settings_at(schedule, 1) if schedule is not None else None
+    current = None
     if schedule is not None:  # config.yaml says what round 1 ran
+        current = settings_at(schedule, 1)
         cfg = apply_settings(cfg, current, "the schedule's round 1")
     sim = build_simulation(cfg)
     if resume:
@@ -326,8 +327,8 @@ def _run(
                 f"than {sim.round} to continue it."
             )
     run_dir.write_config(cfg)
-    if given:
-        write_atomic(kept, lambda p: schedule.reset_index().to_parquet(p, index=False))
+    if given is not None:  # the run keeps a copy, which a resume replays on
+        write_atomic(kept, lambda p: given.reset_index().to_parquet(p, index=False))
     try:
         while sim.round < cfg.rounds and not stop_requested():
             if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
