@@ -7,16 +7,14 @@ Stages (`--stages`, default all):
            that reads the first's on-disk cache; the programs each added. Compile seconds = a
            trial's first round less its rounds after (the rounds themselves).
 - host     the same setting, compiled, after its programs are made: microseconds per cohort step
-           in the step loop outside the compiled call, the write-back and the batch gather among
-           them, and the round's setup outside the loop (schedules, the chunk's copies) a step.
-- window   K = 4 steps per compiled call (a window of the schedule as input) against one, the whole
-           cohort active: compile seconds and µs a step, and after how many steps K repays its
-           longer compile (kept in the engine only if it does);
+           in the step loop outside the compiled call, the block's bookkeeping and its batches' gather
+           among them, and the round's setup outside the loop (schedules, the chunk's copies) a step
+           (steps a call against the host's time: bench/step_blocks.py);
 - demo     wall time of the demo sweep (search_spaces/demo.yaml) on engine eager, compiled and
            auto, each with a compile cache of its own, empty at the start;
 - long     a 16-trial, 50-round GPFL sweep on digits (the demo's space, stopping rules off),
            eager against compiled, each from an empty compile cache.
-Usage: python bench/compile_once.py [--stages trials host window demo long] [--json FILE]
+Usage: python bench/compile_once.py [--stages trials host demo long] [--json FILE]
 """
 
 from __future__ import annotations
@@ -131,7 +129,7 @@ def stage_host(rounds: int = 5) -> dict:
     clock = {"program": 0.0, "call": 0.0, "inputs": 0.0, "loop": 0.0, "train": 0.0, "steps": 0}
     call, inputs, loop, train = (
         steps.CompiledStep.__call__,
-        ex.Executor._inputs,
+        ex.Executor._batch_block,
         ex.Executor.run_steps,
         ex.Executor.train,
     )
@@ -146,19 +144,19 @@ def stage_host(rounds: int = 5) -> dict:
         return wrapper
 
     def counted_call(self, *args):
-        clock["steps"] += 1
+        clock["steps"] += len(args[-1])  # the block's steps
         if not hasattr(self.program, "timed"):
             self.program = timed("program", self.program)
             self.program.timed = True
         return timed("call", call)(self, *args)
 
     patched = (counted_call, timed("inputs", inputs), timed("loop", loop), timed("train", train))
-    steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = patched
+    steps.CompiledStep.__call__, ex.Executor._batch_block, ex.Executor.run_steps, ex.Executor.train = patched
     try:
         for _ in range(rounds):
             sim.step()
     finally:
-        steps.CompiledStep.__call__, ex.Executor._inputs, ex.Executor.run_steps, ex.Executor.train = (
+        steps.CompiledStep.__call__, ex.Executor._batch_block, ex.Executor.run_steps, ex.Executor.train = (
             call,
             inputs,
             loop,
@@ -169,82 +167,17 @@ def stage_host(rounds: int = 5) -> dict:
     out = {
         "steps": n,
         "host us/step": us(clock["loop"] - clock["program"]),
-        "write-back and mask us/step": us(clock["call"] - clock["program"]),
-        "gather + decode us/step": us(clock["inputs"]),
+        "block bookkeeping us/step": us(clock["call"] - clock["program"]),
+        "gather us/step": us(clock["inputs"]),
         "in the compiled call us/step": us(clock["program"]),
         "round setup us/step": us(clock["train"] - clock["loop"]),
     }
     print(
-        f"  host {out['host us/step']:.0f} µs a cohort step outside the compiled call (write-back "
-        f"{out['write-back and mask us/step']:.0f}, "
-        f"gather + decode {out['gather + decode us/step']:.0f}); in the call "
+        f"  host {out['host us/step']:.0f} µs a cohort step outside the compiled call (the block's bookkeeping "
+        f"{out['block bookkeeping us/step']:.0f}, "
+        f"the batches' gather {out['gather us/step']:.0f}); in the call "
         f"{out['in the compiled call us/step']:.0f} µs; "
         f"the round's setup outside the step loop {out['round setup us/step']:.0f} µs a step; {n} steps",
-        flush=True,
-    )
-    return out
-
-
-def stage_window(k: int = 4, steps: int = 8) -> dict:
-    """K steps per compiled call (a window of the schedule as the program's input) against one, on the small
-    setting's whole cohort of 20 clients, every client active: compile seconds, and µs a step once compiled."""
-    import torch
-    from torch.func import vmap
-
-    import tuner.compile as compile_policy
-    import tuner.steps as steps
-    from tuner.config import RunConfig
-    from tuner.run import build_simulation
-
-    sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": 2, **TRIALS[0]}))
-    executor, phase = sim.executor, sim.method.phases()[0]
-    state = {k: v.clone() for k, v in sim.clients.items()}
-    keys = executor._trainable(phase, state)
-    params, rest = {k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys}
-    opt_state = phase.optimizer.init(params)
-    one = steps.pure_step(
-        vmap(executor._step_loss(phase), in_dims=(0, 0, None, 0, 0), randomness="error"),
-        phase,
-        sim.method.net.is_buffer,
-    )
-    n, batch = len(sim.data.train.counts), sim.method.training.batch_size
-    counts, offsets = sim.data.train.counts, sim.data.train.offsets
-    # (clients, steps, batch)
-    index = torch.stack([(torch.arange(batch * steps) % counts[i]).view(steps, batch) + offsets[i] for i in range(n)])
-    active = torch.ones(n, dtype=torch.bool)
-
-    def window(params, opt_state, rest, server, xs, ys, active):  # xs: (clients, k, batch, ...)
-        return sum(one(params, opt_state, rest, sim.server, xs[:, j], ys[:, j], active) for j in range(xs.shape[1]))
-
-    def step_args(x, y, size: int) -> tuple:  # a window's calls take `size` steps' batches, a single step's one
-        return params, opt_state, rest, sim.server, x if size > 1 else x[:, 0], y if size > 1 else y[:, 0], active
-
-    out = {}
-    for size, fn in ((1, one), (k, window)):
-        program = compile_policy.compile_program(fn, sim.data.train.y.device, {})
-        calls = [index[:, t : t + size] for t in range(0, steps, size)]
-        data = [(sim.data.decode(sim.data.train.x[c]), sim.data.train.y[c]) for c in calls]
-        t0 = time.perf_counter()
-        program(*step_args(*data[0], size))
-        compile_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(3):
-            for x, y in data:
-                program(*step_args(x, y, size))
-        out[f"K={size}"] = {"compile s": compile_s, "us/step": 1e6 * (time.perf_counter() - t0) / (3 * steps)}
-    one_s, many = out["K=1"], out[f"K={k}"]
-    out["repaid after steps"] = (many["compile s"] - one_s["compile s"]) / max(
-        1e-9, (one_s["us/step"] - many["us/step"]) * 1e-6
-    )
-    print(
-        f"  K=1: compile {one_s['compile s']:.1f} s, {one_s['us/step']:.0f} µs a step; K={k}: compile "
-        f"{many['compile s']:.1f} s, "
-        f"{many['us/step']:.0f} µs a step"
-        + (
-            f"; repaid after {out['repaid after steps']:.0f} steps"
-            if many["us/step"] < one_s["us/step"]
-            else "; never repaid"
-        ),
         flush=True,
     )
     return out
@@ -308,7 +241,7 @@ def stage_long() -> dict:
     return out
 
 
-STAGES = {"trials": stage_trials, "host": stage_host, "window": stage_window, "demo": stage_demo, "long": stage_long}
+STAGES = {"trials": stage_trials, "host": stage_host, "demo": stage_demo, "long": stage_long}
 
 
 def main() -> None:

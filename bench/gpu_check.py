@@ -15,7 +15,13 @@ printed as one line (a stop loses nothing; a later campaign command adds to the 
 3. speed        eager and compiled s/round of GPFL, FedCP, FedAvg and FedPAC in their Table 1 settings, trial 1's
                 compiling from an empty compile cache, trial 2's programs, the Inductor configuration, CUDA graph
                 calls and skips (bench/engine_speed.py's `measure`; a run that went on eager gives no figure);
-4. profile      the share of the wall time the GPU was busy over 20 compiled steps of GPFL's cohort.
+4. blocks       GPFL's Table 1 setting compiled at 1 and at BLOCKS steps a call (bench/step_blocks.py): s/round, the
+                host's µs a step outside the compiled calls, compile seconds;
+5. conv forms   cnn4's step under vmap, 20 clients of batch 10, in each convolution form (bench/conv_forms.py): ms a
+                step eager and compiled;
+6. profile      the share of the wall time the GPU was busy over 20 compiled steps of GPFL's cohort.
+
+`--methods all` checks every method and variant (those not yet checked on CUDA first) instead of a family each.
 
 `--smoke` (with `--device cpu`) runs the same code in miniature (FedAvg's check, digits): the suite runs it.
 """
@@ -29,15 +35,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
+from algorithms import METHODS  # noqa: E402
 from bench.campaign.speed import profile, speed  # noqa: E402
 from bench.gpu_campaign import Campaign, _check, _verdict, arguments, executors_equal  # noqa: E402
+from tuner.compile import CUDA_CHECKED  # noqa: E402
 
 # The ten checks ended in 159 s on an H200 (a50e3b0); the four speed figures need ~330 s (each compiles from nothing):
 # at 0.48 of 7 minutes FedCP and FedPAC were never reached.
-SHARES = {"environment": 0.02, "correctness": 0.36, "speed": 0.57, "profile": 0.05}
+SHARES = {"environment": 0.02, "correctness": 0.3, "speed": 0.45, "blocks": 0.13, "conv forms": 0.05, "profile": 0.05}
+BLOCKS = [1, 16]  # steps a call: one against a block
 # A method a family: plain steps (FedAvg), GPFL's and FedCP's added modules, keyed noise (FedCP-Gumbel), statistics
 # passes, two phases with momentum and a QP (FedPAC), two models (Ditto), head then body (FedRep), an inner loop
 # (pFedMe), mixture components (FedEM); the first six failed to compile on CUDA before the retry (results/gpu).
@@ -53,15 +64,51 @@ def checked(cfg, device: str, rounds: int, threads: int) -> dict:
     return _check(float("inf"), lambda: executors_equal(cfg, device, rounds))
 
 
+def checked_methods(args) -> list[str]:
+    """The methods the correctness stage checks: FedAvg in miniature, a family each, or (`--methods all`) every one,
+    those not yet checked on CUDA first; or the methods named."""
+    if args.smoke:
+        return ["fedavg"]
+    if not args.methods:
+        return CHECK_METHODS
+    if args.methods == ["all"]:
+        return sorted(METHODS, key=lambda m: (m in CUDA_CHECKED, m))
+    return args.methods
+
+
+def blocks(campaign: Campaign, deadline: float) -> dict:
+    """GPFL's Table 1 setting compiled at each of BLOCKS steps a call, until the deadline (smoke: FedAvg on digits)."""
+    from bench.step_blocks import SETTINGS, one
+
+    out: dict = {}
+    for block in [1, 2] if campaign.args.smoke else BLOCKS:
+        if time.monotonic() > deadline:
+            break
+        if campaign.args.smoke:
+            cfg = campaign.digits("fedavg", engine="compiled", steps_per_call=block, device=campaign.device)
+        else:
+            cfg = SETTINGS["table1"](campaign.device, engine="compiled", steps_per_call=block, data_dir=campaign.data)
+        out[f"K={block}"] = one(cfg, rounds=1 if campaign.args.smoke else 2)
+        campaign.progress({"figures": out})
+    line = "; ".join(f"{k}: {f['s/round']:.3f} s/round, host {f['host us/step']:.0f} µs a step" for k, f in out.items())
+    return {"figures": out, "line": line}
+
+
+def conv_forms(campaign: Campaign, deadline: float) -> dict:
+    """cnn4's step in each convolution form (smoke: 2 clients of 2 samples, a step each)."""
+    from bench.conv_forms import forms, line
+
+    size = dict(clients=2, batch=2, steps=1) if campaign.args.smoke else {}
+    out = forms(torch.device(campaign.device), **size)
+    return {"forms": out, "line": line(out)}
+
+
 def correctness(campaign: Campaign, deadline: float) -> dict:
     """The checks in parallel processes (spawned: CUDA does not survive a fork); past the deadline the unfinished
     ones are stopped and recorded as skipped."""
     # every round the whole cohort: a program per padded size, compiled once
     fixed = dict(engine="compiled", join_ratio="1")
-    cases = {
-        f"compiled: {m}": (campaign.digits(m, **fixed), 2)
-        for m in (["fedavg"] if campaign.args.smoke else CHECK_METHODS)
-    }
+    cases = {f"compiled: {m}": (campaign.digits(m, **fixed), 2) for m in checked_methods(campaign.args)}
     if not campaign.args.smoke:
         resnet = dict(clients=12, backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=4)
         cases["compiled: ResNet-18 BatchNorm under vmap (fedper)"] = (campaign.digits("fedper", **fixed, **resnet), 1)
@@ -93,7 +140,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
-    args.stages, args.speed_methods, args.engine, args.methods = ",".join(SHARES), SPEED_METHODS, "compiled", None
+    args.stages, args.speed_methods, args.engine = ",".join(SHARES), SPEED_METHODS, "compiled"
     # trial 1 compiles from nothing: this command's programs go to a cache of its own (its workers inherit it)
     if not args.smoke:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
@@ -102,6 +149,8 @@ def main() -> None:
         "environment": c.environment,
         "correctness": lambda d: correctness(c, d),
         "speed": lambda d: speed(c, d),
+        "blocks": lambda d: blocks(c, d),
+        "conv forms": lambda d: conv_forms(c, d),
         "profile": lambda d: profile(c, d),
     }
     for name, run in stages.items():

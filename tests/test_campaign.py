@@ -56,7 +56,8 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
         timeout=900,
     )
     assert check.returncode == 0, check.stderr[-2000:]
-    assert printed_stages(check) == ["environment", "correctness", "speed", "profile"]  # one line per stage, in order
+    # one line per stage, in order
+    assert printed_stages(check) == ["environment", "correctness", "speed", "blocks", "conv forms", "profile"]
     results = json.loads((out / "campaign.json").read_text())
     assert not [s for s in results if "error" in results[s]]
     assert (
@@ -87,6 +88,9 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
         < figures["fedavg"]["programs"]
     )
     assert figures["fedavg"]["% of ceiling"] > 0
+    assert set(results["blocks"]["figures"]) == {"K=1", "K=2"}
+    assert {f["steps a round"] for f in results["blocks"]["figures"].values()} != {0}
+    assert set(results["conv forms"]["forms"]) == {"grouped", "unfold", "channels_last"}
     prof = results["profile"]
     assert prof["top"] and prof["steps_s"] > 0 and prof["window_s"] > 0 and "graph calls" in prof
     assert "pfl-tuner: timed window" not in {k["name"] for k in prof["top"]}  # the window is no kernel
@@ -454,3 +458,55 @@ def test_the_performance_page_quotes_the_h100_check_as_committed():
         "eager, its second trial "
         "compiling nothing"
     ) in readme
+
+
+def test_the_methods_auto_compiles_on_cuda_are_those_the_committed_checks_passed():
+    """`auto`'s CUDA table (tuner/compile.py CUDA_CHECKED) is what the GPU checks under results/gpu measured: every
+    method whose compiled check passed (all compiled, every step a CUDA graph), none whose compiled check failed."""
+    from tuner.compile import CUDA_CHECKED
+
+    passed, failed = set(), set()
+    for path in (ROOT / "results/gpu").glob("check-*/**/campaign*.json"):
+        for name, check in json.loads(path.read_text()).get("correctness", {}).get("checks", {}).items():
+            if "compiled" not in name:
+                continue
+            method = re.sub(r".*\((\w[\w-]*)\)$", r"\1", name).split(": ")[-1]  # "compiled: m", "... (fedper)"
+            if check["status"] == "passed":
+                assert check["graph skips"] == 0 and check["graph calls"] > 0, (path, name)
+                passed.add(method)
+            elif check["status"] == "failed":
+                failed.add(method)
+    assert failed == {"pfedme", "feddyn"} and not failed & passed
+    assert CUDA_CHECKED == passed
+
+
+def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
+    folder = ROOT / "results/gpu/check-h200-7a0cf86"
+    run = json.loads((folder / "speed/campaign.json").read_text())
+    assert run["environment"]["name"] == "NVIDIA H200" and run["environment"]["commit"] == "7a0cf86"
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    names = {"gpfl": "GPFL", "fedavg": "FedAvg", "fedpac": "FedPAC", "fedcp": "FedCP"}
+    for method, f in run["speed"]["figures"].items():
+        assert f["recompiles"] == f["graph skips"] == 0
+        row = (
+            f"| {names[method]} | {f['eager s/round']:.3g} | {f['compiled s/round']:.3f} | "
+            f"{f['compiled whole round s']:.3f} | {f['compile + first round s']:.0f} s | "
+            f"{f['second trial programs']} | {f['% of chain bound']:.0f} |"
+        )
+        assert row in performance, row
+    prof = run["profile"]
+    assert (
+        f"20 compiled steps of GPFL's cohort in {prof['steps_s']:.3f} s timed by CUDA events with no profiler running "
+        f"({1e3 * prof['steps_s'] / 20:.1f} ms a step), {prof['window_s']:.3f} s inside the profiler's timed window, "
+        f"the GPU busy {100 * prof['device_busy_share']:.0f} % of that window"
+    ) in performance
+    assert prof["top"][0]["name"].startswith("void implicit_convolve_sgemm") and prof["top"][0]["calls"] == 400
+    checks = {}
+    for path in sorted((folder / "correctness").glob("campaign-*.json")):
+        checks |= json.loads(path.read_text())["correctness"]["checks"]
+    passed = {n: c for n, c in checks.items() if c["status"] == "passed"}
+    failed = [n for n, c in checks.items() if c["status"] == "failed"]
+    assert len(passed) == 11 and failed == ["executors equal (compiled): feddyn"]
+    largest = max(c["max_abs_difference"] for c in passed.values())
+    assert f"(largest difference {largest:.1e})" in performance
+    assert "after 12 of 72" in performance and len(passed) + len(failed) == 12

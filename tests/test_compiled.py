@@ -56,7 +56,7 @@ def test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_ea
             b["train_loss"], rel=1e-9
         )
     assert 1 <= programs <= sim.executor.shapes_compiled()  # per phase and padded cohort size at most, none twice
-    padded = [n for step in sim.executor.compiled.values() for n, _, _ in step.masks]
+    padded = [n for step in sim.executor.compiled.values() for n in step.shapes]
     # powers of two, or the whole cohort
     assert all(n & (n - 1) == 0 or n == len(rows[-1:]) or n == rows[-1]["clients"] for n in padded)
 
@@ -85,7 +85,7 @@ def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_
             written = [v for d in (params, opt_state) for v in d.values()] + [
                 v for k, v in rest.items() if k.endswith("running_mean")
             ]
-            handed.setdefault(len(args[-2]), []).append(written)
+            handed.setdefault(args[-1].shape[-1], []).append(written)  # live: (steps, rows)
         return call(self, params, opt_state, rest, *args)
 
     monkeypatch.setattr(tuner.compile.Program, "__call__", recording)
@@ -137,6 +137,41 @@ def test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step():
     assert compiled.clients["dbe.running"].abs().sum() > 0
 
 
+# Runs whose clients end their steps inside a block (dir:0.3's uneven clients) and whose schedule ends inside one,
+# K = 3: the block's other rows and steps keep what they had.
+BLOCKS = {
+    "BatchNorm statistics, momentum, weight decay": (
+        "fedper",
+        dict(backbone="tiny_batchnorm", momentum=0.5, weight_decay=1e-3),
+    ),
+    "keyed noise": ("fedcp-gumbel", dict(momentum=0.5)),
+    "partial batches": ("fedala", {}),
+}
+
+
+@pytest.mark.parametrize(
+    "case,executor",
+    [(case, "vectorized") for case in BLOCKS] + [("keyed noise", "sequential")],
+    ids=lambda v: v.replace(" ", "-").replace(",", ""),
+)
+def test_a_block_of_steps_a_program_equals_a_step_at_a_time(case, executor):
+    method, kw = BLOCKS[case]
+    eager, eager_rows = run_rounds(exact_config(method, executor="sequential", **kw), 2)
+    sim, rows, _ = compiled_run(exact_config(method, executor=executor, engine="compiled", steps_per_call=3, **kw), 2)
+    assert_equal_states(eager, sim)
+    for a, b in zip(eager_rows, rows, strict=True):
+        assert a["acc"] == b["acc"] and a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
+    assert sim.executor.ran.compiled_steps == eager.executor.ran.eager_steps  # the steps, not the blocks, counted
+
+
+def test_a_trial_of_blocks_compiles_once_and_the_next_nothing():
+    first = dict(executor="vectorized", join_ratio="1", clients=4, lr=0.05, steps_per_call=4)
+    compiled_run(exact_config("fedavg", engine="compiled", **first), 1)
+    sim, rows = run_rounds(exact_config("fedavg", engine="compiled", **{**first, "lr": 0.03}), 2)
+    assert_compiled_ran(sim, rows)
+    assert sim.executor.ran.programs == 0
+
+
 CHECKS = [
     (test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_each_shape_once, {"method": "fedpac"}),
     (test_a_compiled_run_compiles_nothing_after_its_shapes_are_known, {}),
@@ -147,6 +182,8 @@ CHECKS = [
     (test_the_sequential_executor_compiles_one_program_a_client_calls, {}),
     (test_a_trial_with_other_numbers_compiles_nothing_new_and_runs_its_own_numbers, {}),
     (test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step, {}),
+    (test_a_block_of_steps_a_program_equals_a_step_at_a_time, {"case": "keyed noise", "executor": "vectorized"}),
+    (test_a_trial_of_blocks_compiles_once_and_the_next_nothing, {}),
 ]
 
 

@@ -1,9 +1,14 @@
+import copy
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch.func import functional_call, grad_and_value, vmap
 
 from tuner.defaults import paper_defaults
 from tuner.errors import UserError
-from tuner.models import BACKBONES, build_backbone
+from tuner.models import BACKBONES, CONV_FORMS, build_backbone, with_conv_form
 
 SHAPES = {
     "cnn4": [((1, 28, 28), 1024), ((3, 32, 32), 1600), ((3, 64, 64), 10816)],  # REFERENCE.md's flatten sizes
@@ -35,3 +40,45 @@ def test_small_images_get_a_fitting_default_and_a_clear_refusal():
         build_backbone("cnn4", (1, 8, 8), 10)
     with pytest.raises(UserError, match="needs image inputs"):
         build_backbone("cnn4", (200,), 4)
+
+
+@pytest.mark.parametrize("form", [f for f in CONV_FORMS if f != "grouped"])
+@pytest.mark.parametrize("name,shape", [("cnn4", (1, 28, 28)), ("pac_cnn", (3, 32, 32)), ("resnet18", (3, 32, 32))])
+def test_each_conv_form_gives_the_grouped_forms_losses_and_gradients_under_vmap(name, shape, form):
+    """Clients' own weights under vmap (each client's convolution), float64: the same loss and gradients."""
+    torch.manual_seed(0)
+    clients, batch = 3, 4
+    grouped = build_backbone(name, shape, 10).double().eval()  # eval: BatchNorm reads its statistics, writes none
+    formed = with_conv_form(copy.deepcopy(grouped), form)
+    assert any(getattr(m, "form", None) == form for m in formed.modules())  # the form is the one that ran
+    params = {k: torch.stack([v + 0.01 * i for i in range(clients)]) for k, v in grouped.named_parameters()}
+    x, y = torch.randn(clients, batch, *shape, dtype=torch.float64), torch.randint(0, 10, (clients, batch))
+
+    def gradients(net):
+        def loss(p, x, y):
+            return torch.nn.functional.cross_entropy(functional_call(net, p, (x,)), y)
+
+        return vmap(grad_and_value(loss))(params, x, y)
+
+    (g_grouped, l_grouped), (g_formed, l_formed) = gradients(grouped), gradients(formed)
+    torch.testing.assert_close(l_formed, l_grouped, rtol=1e-12, atol=1e-12)
+    for k in g_grouped:
+        torch.testing.assert_close(g_formed[k], g_grouped[k], rtol=1e-10, atol=1e-12)
+
+
+def test_a_run_computes_its_convolutions_in_the_form_it_names():
+    from tuner.config import RunConfig
+    from tuner.run import build_method
+
+    cfg = RunConfig(method="fedavg", dataset="digits", backbone="mlp", conv_form="unfold").resolved()
+    images = SimpleNamespace(
+        train=SimpleNamespace(y=torch.arange(10), counts=[5, 5]),
+        num_classes=10,
+        num_clients=2,
+        input_shape=(1, 28, 28),
+        vocab=None,
+    )
+    net = build_method(replace(cfg, backbone="cnn4"), images).net.module
+    assert [m.form for m in net.modules() if isinstance(m, torch.nn.Conv2d)] == ["unfold", "unfold"]
+    with pytest.raises(UserError, match="Unknown conv_form 'winograd'; choose one of grouped, unfold, channels_last"):
+        RunConfig(method="fedavg", dataset="digits", conv_form="winograd").resolved()

@@ -26,7 +26,7 @@ from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
 from tuner.errors import UserError
 from tuner.executors import ENGINES, EXECUTORS
 from tuner.files import user_path
-from tuner.models import BACKBONES, backbone_for
+from tuner.models import BACKBONES, CONV_FORMS, backbone_for
 from tuner.papers import home_protocol
 from tuner.plugins import canonical, is_reference, method_class
 
@@ -100,6 +100,8 @@ class RunConfig:
     # float64: exact comparisons (executor equality, resume) where rounding must not pass for a mismatch
     dtype: str = "float32"
     cohort_chunk: int = 0
+    steps_per_call: int = 1  # training steps a compiled program runs at a call (docs/engine.md)
+    conv_form: str = "grouped"  # how convolutions are computed (tuner/models.py, CONV_FORMS): the same numbers
     eval_batch: int = 256
     checkpoint_every: int = 50
     hparams: dict[str, Any] = field(default_factory=dict)
@@ -253,7 +255,16 @@ else:
 
 def _checked(cfg: ResolvedConfig) -> ResolvedConfig:
     """Every resolved setting checked; a user's data_dir made absolute (trials read it from another directory)."""
-    for name in ("clients", "rounds", "batch_size", "eval_gap", "groups", "checkpoint_every", "eval_batch"):
+    for name in (
+        "clients",
+        "rounds",
+        "batch_size",
+        "eval_gap",
+        "groups",
+        "checkpoint_every",
+        "eval_batch",
+        "steps_per_call",
+    ):
         if getattr(cfg, name) < 1:
             raise UserError(f"Setting {name} must be at least 1, not {getattr(cfg, name)}.")
     for name in ("local_epochs", "cohort_chunk", "seed", "partition_seed", "momentum", "weight_decay"):
@@ -263,14 +274,16 @@ def _checked(cfg: ResolvedConfig) -> ResolvedConfig:
         raise UserError(
             f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {cfg.train_frac} and {cfg.val_frac}."
         )
-    if cfg.shift not in SHIFTS:
-        raise UserError(f"Unknown shift '{cfg.shift}'; choose one of {', '.join(SHIFTS)}.")
-    if cfg.dtype not in DTYPES:
-        raise UserError(f"Unknown dtype '{cfg.dtype}'; choose one of {', '.join(DTYPES)}.")
-    if cfg.executor not in EXECUTORS:
-        raise UserError(f"Unknown executor '{cfg.executor}'; choose one of auto, {', '.join(EXECUTORS)}.")
-    if cfg.engine not in ENGINES:
-        raise UserError(f"Unknown engine '{cfg.engine}'; choose one of auto, {', '.join(ENGINES)}.")
+    choices = {
+        "shift": SHIFTS,
+        "dtype": DTYPES,
+        "executor": ("auto", *EXECUTORS),
+        "engine": ("auto", *ENGINES),
+        "conv_form": CONV_FORMS,
+    }
+    for name, allowed in choices.items():
+        if getattr(cfg, name) not in allowed:
+            raise UserError(f"Unknown {name} '{getattr(cfg, name)}'; choose one of {', '.join(allowed)}.")
     if cfg.lr <= 0:
         raise UserError(f"Setting lr must be positive, not {cfg.lr}.")
     try:

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 from algorithms.base import Method
 from tuner.data.federated import FederatedData
 from tuner.errors import UserError
-from tuner.executors import EngineSettings, Executor, MethodFailed, row_of, stack_rows
+from tuner.executors import EngineSettings, Executor, MethodFailed, own_strides, row_of, stack_rows
 from tuner.steps import pure_step
 
 
@@ -40,21 +40,33 @@ class SequentialExecutor(Executor):
     pads = False
 
     def compile(self, grad, phase):
-        """One program of one client's shapes, called client by client (no padding needed)."""
-        return self.one_by_one(self.program(pure_step(grad, phase, self.method.updated_in_place), "steps"), server_at=3)
+        return pure_step(grad, phase, self.method.updated_in_place)
+
+    def block_program(self, block):
+        """One program of one client's shapes, called client by client (no padding needed); a block's inputs are
+        step-major, its rows along dim 1."""
+        return self.one_by_one(self.program(block, "steps"), dims=(0, 0, 0, None, 1, 1, 1, 1))
 
     def compile_summing(self, fn, hook):
-        return self.one_by_one(self.program(fn, hook), server_at=1)
+        return self.one_by_one(self.program(fn, hook), dims=(0, None, 0, 0, 0))
 
     @staticmethod
-    def one_by_one(program: Callable, server_at: int) -> Callable:
-        """A one-client program called for each row of its stacked arguments; the server's (argument
-        `server_at`) is every client's."""
+    def one_by_one(program: Callable, dims: tuple) -> Callable:
+        """A one-client program called for each row of its stacked arguments, a row along the argument's dim in
+        `dims` (None: every client's, the server's); an argument that is None (no noise keys) stays None. Rows
+        along dim 1 (a block's inputs) are made rows along dim 0 first, so each client's slice has the strides
+        of its own shape, whatever the chunk's size (a program is compiled for its inputs' strides)."""
 
         def each(*args):
-            n = len(tree_flatten(args[0])[0][0])
+            args = tuple(
+                own_strides(a.movedim(1, 0)) if d == 1 and a is not None else a for a, d in zip(args, dims, strict=True)
+            )
+            n = next(len(tree_flatten(a)[0][0]) for a, d in zip(args, dims, strict=True) if d == 0)
             return stack_rows(
-                [program(*[a if j == server_at else row_of(a, i) for j, a in enumerate(args)]) for i in range(n)]
+                [
+                    program(*[a if d is None or a is None else row_of(a, i) for a, d in zip(args, dims, strict=True)])
+                    for i in range(n)
+                ]
             )
 
         return each
@@ -82,10 +94,12 @@ class VectorizedExecutor(Executor):
         return refusing_draws
 
     def compile(self, grad, phase):
-        return self.program(
-            pure_step(vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place),
-            "steps",
+        return pure_step(
+            vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place
         )
+
+    def block_program(self, block):
+        return self.program(block, "steps")
 
     def compile_summing(self, fn, hook):
         return self.program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), hook)

@@ -5,12 +5,11 @@ hook, round and client of a failure in a method's code) or all at once with torc
 count, so the clients still active are always a prefix of the stack. A chunk of the cohort trains
 in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
 
-A training step runs eager or compiled (tuner/steps.py, compiled as tuner/compile.py says); an evaluation batch
-likewise, compiled over the
-whole chunk (clients past their last sample weigh 0). The method's and the run's floats are inputs of the
-programs (algorithms.base.hyperparameter_inputs), so a sweep's next trial compiles nothing. Both engines
-give the same numbers (tests hold them equal in float64); a program that cannot be compiled leaves the run
-to eager."""
+A training step runs eager or compiled, a block of `steps_per_call` steps a program (tuner/steps.py, compiled as
+tuner/compile.py says); an evaluation batch likewise, compiled over the whole chunk (clients past their last sample
+weigh 0). The method's and the run's floats are inputs of the programs (algorithms.base.hyperparameter_inputs), so
+a sweep's next trial compiles nothing. Both engines give the same numbers (tests hold them equal in float64); a
+program that cannot be compiled leaves the run to eager."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ from tuner.data.augment import crop_flip
 from tuner.data.federated import FederatedData, Split
 from tuner.draws import PADDED, draw_keys
 from tuner.errors import OutOfMemory
-from tuner.phases import PhasePlan, plan_phase
-from tuner.steps import CHUNKS, CompiledStep, EagerStep
+from tuner.phases import PhasePlan, chunk_schedule, plan_phase
+from tuner.steps import CHUNKS, CompiledStep, EagerStep, block_of_steps
 
 EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
@@ -47,6 +46,7 @@ class EngineSettings:
     executor: str = "vectorized"
     engine: str = "eager"  # how a training step runs: eager (the reference) or compiled
     cohort_chunk: int = 0  # clients per step; 0 = the whole cohort
+    steps_per_call: int = 1  # training steps a compiled program runs at a call (a block)
     eval_batch: int = 256  # samples per client per evaluation step
     augment: bool = False  # random crop + flip of training images (tuner/data/augment.py)
     full_last_round: bool = False  # every client takes part in the last round (FedPAC §5)
@@ -66,6 +66,13 @@ def stack_rows(rows: list):
 def row_of(tree, i: int):
     """Row i of every tensor of a stacked tree: views, so in-place updates land in the stack."""
     return tree_map(lambda t: t[i], tree)
+
+
+def own_strides(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a slice with the strides of its own shape: a slice keeps the chunk's (even where its dims of size
+    1 make it contiguous), and a program is compiled for its inputs' strides, so a chunk of another size would
+    compile it again."""
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 class MethodFailed(RuntimeError):
@@ -141,7 +148,10 @@ class Executor:
         """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
         program each round would recompile (tests count the compilations)."""
         grad = self._step_loss(phase)
-        eager = lambda: EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase, self.ran)  # noqa: E731
+
+        def eager() -> EagerStep:
+            return EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase, self.data.decode, self.ran)
+
         if self.settings.engine == "eager":
             return eager()
         key = (phase, tuple(trains))
@@ -151,12 +161,19 @@ class Executor:
                 self.compile_failed(error)
                 return eager()
 
-            self.compiled[key] = CompiledStep(self.compile(grad, phase), self.pads, fallback, self.ran)
+            size = self.settings.steps_per_call
+            block = block_of_steps(self.compile(grad, phase), size, self.data.decode)
+            self.compiled[key] = CompiledStep(self.block_program(block), size, self.pads, fallback, self.ran)
         return self.compiled[key]
 
     pads: bool = True  # compiled programs run a stack of clients, padded (else one client's shape)
 
     def compile(self, grad: Callable, phase: Phase) -> Callable:
+        """The pure step (tuner/steps.py) of the executor's shapes: a stack of clients, or one."""
+        raise NotImplementedError
+
+    def block_program(self, block: Callable) -> Callable:
+        """A block of steps (tuner/steps.py, block_of_steps) as the executor's compiled program."""
         raise NotImplementedError
 
     def program(self, fn: Callable, what: str) -> Program:
@@ -177,13 +194,19 @@ class Executor:
     def shapes_compiled(self) -> int:
         """Distinct (step, rows) programs the run has needed: what dynamo should have compiled, once each."""
         # sequential: one client's shape
-        steps = sum(len({rows for rows, _, _ in step.masks}) if step.pad else 1 for step in self.compiled.values())
+        steps = sum(len(step.shapes) if step.pad else 1 for step in self.compiled.values())
         return steps + sum(len(shapes) for shapes in self.summing_shapes.values())
 
-    def _inputs(self, idx: torch.Tensor, draws: torch.Tensor | None) -> torch.Tensor:
-        """Training inputs of the rows idx: augmented on the stored pixels, then decoded."""
-        x = self.data.train.x[idx]
-        return self.data.decode(x if draws is None else crop_flip(x, draws))
+    def _batch_block(self, index: torch.Tensor, draws: torch.Tensor | None, partial: bool):
+        """The stored samples and labels of a block of steps' batches (`index`: their rows of the split), augmented
+        where the run augments; decoding is the step's. `partial`: a padded slot (PADDED) of a partial batch takes
+        sample 0 and the label IGNORED."""
+        train = self.data.train
+        padded = index == PADDED if partial else None
+        if padded is not None:
+            index = index.masked_fill(padded, 0)
+        x, y = train.x[index], train.y[index]
+        return x if draws is None else crop_flip(x, draws), y if padded is None else y.masked_fill(padded, IGNORED)
 
     def _trainable(self, phase: Phase, state: State) -> list[str]:
         """A phase trains every floating tensor under its prefixes except BatchNorm statistics."""
@@ -228,22 +251,10 @@ class Executor:
         n_steps = [len(plan.scheds[j]) for j in order]
         if n_steps[0] == 0:
             return
-        # The chunk's whole schedule (batch rows, augmentation, noise keys) in one copy each; rows past a client's
-        # last step stay 0, which a padded row of a compiled step reads and discards.
-        index = torch.zeros(len(order), n_steps[0], plan.batch, dtype=torch.long)
-        aug = None if plan.draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
-        key = None if plan.noise is None else torch.zeros(len(order), n_steps[0], dtype=torch.long)
-        for r, j in enumerate(order):
-            index[r, : n_steps[r]] = torch.where(
-                plan.scheds[j] == PADDED, PADDED, plan.scheds[j] + train.offsets[ids[j]]
-            )
-            if aug is not None:
-                aug[r, : n_steps[r]] = plan.draws[j]
-            if key is not None:
-                key[r, : n_steps[r]] = plan.noise[j]
-        index, aug, key = (None if t is None else t.to(device) for t in (index, aug, key))
-        active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
         order_t = torch.tensor(order, device=device)
+        step = self.step(plan.phase, plan.keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
+        schedule = chunk_schedule(plan, order, [train.offsets[i] for i in ids], step.block, device)
+        active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
         tensors = CHUNKS.take(cohort, len(order), depth)
         for k, v in cohort.items():
             torch.index_select(v, 0, order_t, out=tensors[k])
@@ -252,12 +263,9 @@ class Executor:
             plan.phase.optimizer.init({k: tensors[k] for k in plan.keys}), len(order), depth, optimizer, copy=True
         )
         chunk_loss = torch.zeros(len(order), dtype=torch.float64, device=device)
-        step = self.step(plan.phase, plan.keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
 
         # the same tensors at every step: static for CUDA graphs
-        def chunk_rows(
-            rows: int,
-        ) -> tuple[State, State, State]:
+        def chunk_rows(rows: int) -> tuple[State, State, State]:
             state = CHUNKS.view("state", rows)
             return (
                 {k: state[k] for k in plan.keys},
@@ -265,7 +273,7 @@ class Executor:
                 {k: v for k, v in state.items() if k not in plan.keys},
             )
 
-        self.run_steps(step, active, chunk_rows, server, index, aug, key, chunk_loss, plan.phase.share is not None)
+        self.run_steps(step, active, chunk_rows, server, schedule, chunk_loss, plan.phase.share is not None)
         for k, v in tensors.items():
             cohort[k][order_t] = v
         losses[order_t] += chunk_loss
@@ -273,35 +281,31 @@ class Executor:
 
     def run_steps(
         self,
-        step,
+        step: EagerStep | CompiledStep,
         active: list[int],
         chunk_rows: Callable[[int], tuple[State, State, State]],
         server: State,
-        index,
-        aug,
-        key,
+        schedule: tuple,
         chunk_loss,
         partial: bool,
     ) -> None:
-        """The chunk's steps: step t trains its `active[t]` first rows (padded for a compiled step) on their rows
-        of the schedule; the chunk's tensors (`chunk_rows(rows)`: parameters, optimizer state, the rest) are
-        updated in place, each client's losses summed in chunk_loss. `partial`: the schedule keeps partial
-        batches, whose padded rows take any sample and the label IGNORED."""
+        """The chunk's steps, a block (`step.block` of them) at a time: a block trains the `active[t]` first rows
+        of its first step t (padded for a compiled step), those still live at each of its steps, on their rows of
+        the schedule (index, augmentation draws, noise keys, live: step-major); the chunk's tensors
+        (`chunk_rows(rows)`: parameters, optimizer state, the rest) are updated in place, each client's losses
+        summed in chunk_loss. `partial`: the schedule keeps partial batches, whose padded slots take any sample and
+        the label IGNORED."""
+        index, aug, key, live = schedule
         total, views = len(chunk_loss), {}
-        for t, a in enumerate(active):
-            rows = step.rows(a, total)
+        for t in range(0, len(active), step.block):
+            rows = step.rows(active[t], total)
             if rows not in views:
                 views[rows] = chunk_rows(rows)
             params, opt_state, rest = views[rows]
-            idx = index[:rows, t]
-            if partial:
-                padded = idx == PADDED
-                idx = idx.masked_fill(padded, 0)
-            y = self.data.train.y[idx].masked_fill(padded, IGNORED) if partial else self.data.train.y[idx]
-            x = self._inputs(idx, None if aug is None else aug[:rows, t])
-            if key is not None:
-                rest = {**rest, DRAW_KEY: key[:rows, t]}
-            loss = step(params, opt_state, rest, server, x, y, a)
+            block = slice(t, t + step.block)
+            xs, ys = self._batch_block(index[block, :rows], None if aug is None else aug[block, :rows], partial)
+            keys = None if key is None else own_strides(key[block, :rows])
+            loss = step(params, opt_state, rest, server, xs, ys, keys, own_strides(live[block, :rows]), active[block])
             chunk_loss[:rows] += loss.detach()  # no host sync per step
 
     def summer(self, fn: Callable, hook: str, at: Round) -> tuple[Callable, bool]:

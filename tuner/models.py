@@ -8,6 +8,7 @@ backbone builds for any input the dataset gives or says plainly why it cannot.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tuner.errors import UserError
@@ -142,6 +143,45 @@ BACKBONES = {"cnn4": cnn4, "pac_cnn": pac_cnn, "resnet18": resnet18, "fasttext":
 def backbone_for(input_shape: tuple[int, ...]) -> str:
     """A user's data without a backbone named: the 4-layer CNN for images it fits (16x16 and up), else the MLP."""
     return "cnn4" if len(input_shape) == 3 and min(input_shape[1:]) >= 16 else "mlp"
+
+
+# How a convolution is computed (`conv_form`), the same numbers each: under vmap, torch's rule makes one grouped
+# convolution of every client's (`grouped`, which cuDNN runs client by client); `unfold` is im2col and a matrix
+# product (a batched matmul across clients); `channels_last` hands the convolution NHWC inputs.
+CONV_FORMS = ("grouped", "unfold", "channels_last")
+
+
+class FormedConv2d(nn.Conv2d):
+    """A Conv2d computed in `form` (CONV_FORMS): its parameters, names and results stay the layer's."""
+
+    form = "grouped"
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.form == "channels_last":  # NHWC in memory, NCHW to the convolution (vmap refuses memory_format)
+            input = input.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+            return super()._conv_forward(input, weight, bias)
+        if self.form == "grouped":
+            return super()._conv_forward(input, weight, bias)
+        n, _, h, w = input.shape
+        (kh, kw), (ph, pw), (dh, dw), (sh, sw) = self.kernel_size, self.padding, self.dilation, self.stride
+        columns = F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)  # (n, c*kh*kw, L)
+        out = weight.flatten(1) @ columns  # (n, out channels, L)
+        if bias is not None:
+            out = out + bias[:, None]
+        return out.view(n, -1, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
+def with_conv_form(net: nn.Module, form: str) -> nn.Module:
+    """The backbone's 2-d convolutions computed in `form`; a layer unfold cannot take (groups, padding by name or
+    not with zeros) stays grouped."""
+    if form == "grouped":
+        return net
+    for layer in net.modules():
+        if type(layer) is nn.Conv2d:
+            unfoldable = layer.groups == 1 and layer.padding_mode == "zeros" and not isinstance(layer.padding, str)
+            layer.__class__ = FormedConv2d  # the same layer, its forward another form's
+            layer.form = form if form != "unfold" or unfoldable else "grouped"
+    return net
 
 
 def build_backbone(name: str, input_shape: tuple[int, ...], num_classes: int, vocab: int | None = None) -> Backbone:

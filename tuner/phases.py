@@ -10,7 +10,7 @@ import torch
 
 from algorithms.rounds import Phase, Round
 from tuner.data.augment import augment_draws
-from tuner.draws import augment_seed, batch_schedule, draw_keys
+from tuner.draws import PADDED, augment_seed, batch_schedule, draw_keys
 
 
 def phase_schedule(
@@ -52,3 +52,24 @@ def plan_phase(
     )
     noise = [draw_keys(seed, at.number, stream, i, len(q)) for i, q in pairs] if draws else None
     return PhasePlan(phase, number, keys, batch, scheds, augmented, noise)
+
+
+def chunk_schedule(plan: PhasePlan, order: list[int], offsets: list[int], block: int, device) -> tuple:
+    """A chunk's whole schedule on the device, step-major, in one copy each: its batches' rows of the split
+    (steps, rows, batch), augmentation draws (..., 3) and noise keys (steps, rows) where the run has them, and
+    whether each row trains at each step (`live`); as many steps as whole blocks of `block` hold. Row r is client
+    order[r] of the plan (offsets: where each of the plan's clients begins in the split). Past a client's last
+    step its rows stay 0, which a row not live reads and discards."""
+    n_steps = [len(plan.scheds[j]) for j in order]
+    length = -(-max(n_steps) // block) * block
+    index = torch.zeros(length, len(order), plan.batch, dtype=torch.long)
+    aug = None if plan.draws is None else torch.zeros(*index.shape, 3, dtype=torch.long)
+    key = None if plan.noise is None else torch.zeros(length, len(order), dtype=torch.long)
+    for r, j in enumerate(order):
+        index[: n_steps[r], r] = torch.where(plan.scheds[j] == PADDED, PADDED, plan.scheds[j] + offsets[j])
+        if aug is not None:
+            aug[: n_steps[r], r] = plan.draws[j]
+        if key is not None:
+            key[: n_steps[r], r] = plan.noise[j]
+    live = torch.arange(length)[:, None] < torch.tensor(n_steps)
+    return tuple(None if t is None else t.to(device) for t in (index, aug, key, live))

@@ -29,7 +29,7 @@ from tuner.engine import Simulation
 from tuner.errors import UserError
 from tuner.executors import EngineSettings
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
-from tuner.models import build_backbone
+from tuner.models import build_backbone, with_conv_form
 from tuner.plugins import method_class
 from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
 
@@ -163,6 +163,7 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
         executor=cfg.executor,
         engine=cfg.engine,
         cohort_chunk=cfg.cohort_chunk,
+        steps_per_call=cfg.steps_per_call,
         eval_batch=cfg.eval_batch,
         augment=cfg.augment,
         full_last_round=cfg.full_last_round,
@@ -192,9 +193,9 @@ def build_method(cfg: ResolvedConfig, data: FederatedData) -> Method:
     )
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
         torch.random.default_generator.manual_seed(cfg.seed)
-        backbone = build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab).to(
-            torch.device(cfg.device), getattr(torch, cfg.dtype)
-        )
+        backbone = with_conv_form(
+            build_backbone(cfg.backbone, data.input_shape, data.num_classes, data.vocab), cfg.conv_form
+        ).to(torch.device(cfg.device), getattr(torch, cfg.dtype))
         try:
             return method_cls(Net(backbone), training, method_cls.Hparams(**cfg.hparams))
         except Unsupported as e:

@@ -1,11 +1,18 @@
-"""How a training step runs (`engine`): `eager`, the reference, updates the active prefix of a chunk in place;
-`compiled` runs the whole step (forward, backward, the optimizer's update written into the chunk) as one
-torch.compile'd program of fixed shapes, the active clients padded to a power of two (so a run compiles at most
-log2(cohort) + 1 programs a phase, and none twice), on CUDA with CUDA graphs asked for. A chunk trains in buffers
-kept for the process (`ChunkBuffers`), and a program is handed the very tensors marked static, made once a size,
-so their addresses stay fixed from step to step and trial to trial: CUDA graphs accept in-place writes only into
-such tensors. How a program is compiled, retried and counted is tuner/compile.py's (`Program`, `Ran`). The
-executors (tuner/executors.py) choose a step and run it over the cohort."""
+"""How a training step runs (`engine`): `eager`, the reference, runs one step at a time on the active prefix of a
+chunk, updated in place; `compiled` runs a block of `steps_per_call` consecutive steps (forward, backward, the
+optimizer's update written into the chunk, the batches decoded and the losses summed) as one torch.compile'd
+program of fixed shapes, the block's rows those of its first step padded to a power of two (so a run compiles at
+most log2(cohort) + 1 programs a phase, and none twice), on CUDA with CUDA graphs asked for: the host calls once
+and the GPU replays one graph for the whole block. A client that finishes inside a block, or a padded row, keeps
+what it had (`live`). A chunk trains in buffers kept for the process (`ChunkBuffers`), and a program is handed the
+very tensors marked static, made once a size, so their addresses stay fixed from step to step and trial to trial:
+CUDA graphs accept in-place writes only into such tensors. How a program is compiled, retried and counted is
+tuner/compile.py's (`Program`, `Ran`). The executors (tuner/executors.py) choose a step and run it over the cohort.
+
+A block's inputs are step-major: `xs` (steps, rows, batch, ...) the stored samples of its batches (gathered by the
+executor, one gather a block, so the split's size is no shape of a program and a partition never recompiles),
+`ys` (steps, rows, batch) their labels, `keys` (steps, rows) the noise keys of a drawing method or None, `live`
+(steps, rows) whether each row trains at each step."""
 
 from __future__ import annotations
 
@@ -14,22 +21,28 @@ from collections.abc import Callable
 import torch
 
 from algorithms.base import State
+from algorithms.common import DRAW_KEY
 from algorithms.rounds import Phase
 from tuner.compile import Ran, compile_errors
 
 
 class EagerStep:
-    """The reference step: the active prefix of the chunk's tensors, updated in place."""
+    """The reference step, a block of one: the active prefix of the chunk's tensors, updated in place."""
 
-    def __init__(self, grad: Callable, phase: Phase, ran: Ran):
-        self.grad, self.optimizer, self.project, self.ran = grad, phase.optimizer, phase.project, ran
+    block = 1
+
+    def __init__(self, grad: Callable, phase: Phase, decode: Callable, ran: Ran):
+        self.grad, self.optimizer, self.project = grad, phase.optimizer, phase.project
+        self.decode, self.ran = decode, ran
 
     def rows(self, active: int, total: int) -> int:
         return active
 
-    def __call__(self, params: State, opt_state: State, rest: State, server: State, x, y, active: int) -> torch.Tensor:
+    def __call__(self, params: State, opt_state: State, rest: State, server: State, xs, ys, keys, live, active):
         self.ran.eager_steps += 1
-        g, loss = self.grad(params, rest, server, x, y)
+        if keys is not None:
+            rest = {**rest, DRAW_KEY: keys[0]}
+        g, loss = self.grad(params, rest, server, self.decode(xs[0]), ys[0])
         self.optimizer.step(params, g, opt_state)
         if self.project is not None:
             for k, v in self.project(params).items():
@@ -58,35 +71,56 @@ def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> 
     return step
 
 
-class CompiledStep:
-    """The step as a compiled `Program` of fixed shapes (or the sequential executor's calls of one), one per number
-    of rows, updating the chunk in place.
-    Where no Inductor configuration compiles it, it hands the step to `fallback` (Executor.compile_failed: the
-    run goes on eager)."""
+def block_of_steps(step: Callable, size: int, decode: Callable) -> Callable:
+    """`size` consecutive steps (pure_step's) as one function of a block's inputs (the module's docstring): each
+    step decodes its batch, trains the rows `live` at it and adds their losses, in float64, to the block's."""
 
-    def __init__(self, program: Callable, pad: bool, fallback: Callable, ran: Ran):
-        self.program, self.pad, self.fallback, self.ran = program, pad, fallback, ran
+    def block(params, opt_state, rest, server, xs, ys, keys, live):
+        total = None
+        for j in range(size):
+            mine = rest if keys is None else {**rest, DRAW_KEY: keys[j]}
+            loss = step(params, opt_state, mine, server, decode(xs[j]), ys[j], live[j]).double()
+            total = loss if total is None else total + loss
+        return total
+
+    return block
+
+
+class CompiledStep:
+    """A block of steps as a compiled `Program` of fixed shapes (or the sequential executor's calls of one), one
+    per number of rows, updating the chunk in place.
+    Where no Inductor configuration compiles it, it hands the steps to `fallback` (Executor.compile_failed: the
+    run goes on eager, a step at a time)."""
+
+    def __init__(self, program: Callable, block: int, pad: bool, fallback: Callable, ran: Ran):
+        self.program, self.block, self.pad, self.fallback, self.ran = program, block, pad, fallback, ran
         self.eager: EagerStep | None = None  # the step that took over after a failed compile
-        self.masks: dict[tuple, torch.Tensor] = {}  # also the shapes run: each should compile once (tests, bench)
+        self.shapes: set[int] = set()  # the rows run: each should compile once (tests, bench)
 
     def rows(self, active: int, total: int) -> int:
         return padded_rows(active, total) if self.pad else active
 
-    def __call__(self, params, opt_state, rest, server, x, y, active):
-        rows = len(y)
-        key = (rows, active, y.device)
-        if key not in self.masks:
-            self.masks[key] = torch.arange(rows, device=y.device) < active
+    def __call__(self, params, opt_state, rest, server, xs, ys, keys, live, active: list[int]):
+        """The block's steps; `active`: how many rows train at each of its steps (its real ones, fewer than the
+        block's at the end of a schedule)."""
+        self.shapes.add(len(live[0]))
         if self.eager is None:
             try:
-                loss = self.program(params, opt_state, rest, server, x, y, self.masks[key])
-                self.ran.compiled_steps += 1
+                loss = self.program(params, opt_state, rest, server, xs, ys, keys, live)
+                self.ran.compiled_steps += len(active)
                 return loss
-            except compile_errors() as e:  # nothing was written yet: the step runs again eagerly on the active rows
+            except compile_errors() as e:  # nothing was written yet: the steps run again eagerly
                 self.eager = self.fallback(e)
-        head = lambda d: {k: v[:active] for k, v in d.items()}  # noqa: E731
-        loss = self.eager(head(params), head(opt_state), head(rest), server, x[:active], y[:active], active)
-        return torch.cat([loss, loss.new_zeros(rows - active)])
+        total = torch.zeros(len(live[0]), dtype=torch.float64, device=live.device)
+        for j, a in enumerate(active):
+            head = lambda d: {k: v[:a] for k, v in d.items()}  # noqa: E731, B023
+            step = slice(j, j + 1)
+            keys_j = None if keys is None else keys[step, :a]
+            loss = self.eager(
+                head(params), head(opt_state), head(rest), server, xs[step, :a], ys[step, :a], keys_j, None, [a]
+            )
+            total[:a] += loss.detach()
+        return total
 
 
 def padded_rows(active: int, total: int) -> int:

@@ -36,6 +36,8 @@ NOT_CONFIGURATION = (
     "executor",
     "device",
     "cohort_chunk",
+    "steps_per_call",
+    "conv_form",
     "eval_batch",
     "checkpoint_every",
     "data_dir",

@@ -1,0 +1,153 @@
+"""Steps a compiled call (`steps_per_call`, K): what a block of K steps a program saves the host and costs in
+compiling, each figure a comparison inside one run.
+
+For each setting (`digits`: GPFL, digits, MLP, 20 clients of dir:0.1, batch 10, the small setting of
+bench/compile_once.py; `table1`: GPFL's Table 1 Fashion-MNIST setting, dir:0.1, 20 clients, cnn4, batch 10) and
+each K (default 1, 4, 16), one compiled run of the vectorized executor, training only (evaluation off):
+
+- compile s            its first round less a timed round: the programs' compiling (K steps traced into each);
+- s/round              the timed rounds' mean, after the first;
+- host µs/step         the training loop's time outside the compiled calls (the block's gather, slicing, the
+                       loss's sum, the loop itself) over the steps it ran;
+- in the call µs/step  the time inside the compiled calls over the steps (on a CPU the arithmetic itself; on
+                       CUDA launching a graph's replay and dynamo's guards, the GPU's work being asynchronous);
+- host / K=1           each K's host µs a step over K = 1's: the factor a block saves the host.
+
+A figure is taken only from a run whose every step ran compiled. Usage:
+    python bench/step_blocks.py [--settings digits table1] [--blocks 1 4 16] [--rounds 10] [--device auto]
+        [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
+
+from bench import provenance  # noqa: E402
+from bench.engine_speed import NotCompiled, synchronizer, table1  # noqa: E402
+from tuner.config import RunConfig  # noqa: E402
+from tuner.run import build_simulation  # noqa: E402
+
+SETTINGS = {
+    "digits": lambda device, **kw: RunConfig(
+        method="gpfl",
+        dataset="digits",
+        partition="dir:0.1",
+        clients=20,
+        batch_size=10,
+        executor="vectorized",
+        eval_gap=10**6,
+        rounds=10**6,
+        device=device,
+        **kw,
+    ),
+    "table1": lambda device, **kw: table1("gpfl", device, **kw),
+}
+
+
+class Clock:
+    """Time inside the executor's step loop and inside the compiled calls it makes, and the steps they ran."""
+
+    def __init__(self, sim):
+        import tuner.executors as executors
+
+        self.loop = self.call = 0.0
+        self.sim, self.executors = sim, executors
+        self.run_steps = executors.Executor.run_steps
+
+    def __enter__(self):
+        clock, run_steps = self, self.run_steps
+
+        def timed_loop(executor, step, *args):
+            if not getattr(step.program, "timed", False):
+                step.program = clock.timed_call(step.program)
+            t0 = time.perf_counter()
+            run_steps(executor, step, *args)
+            clock.loop += time.perf_counter() - t0
+
+        self.executors.Executor.run_steps = timed_loop
+        self.steps = self.sim.executor.ran.compiled_steps
+        return self
+
+    def timed_call(self, program):
+        def call(*args):
+            t0 = time.perf_counter()
+            out = program(*args)
+            self.call += time.perf_counter() - t0
+            return out
+
+        call.timed = True
+        return call
+
+    def __exit__(self, *exc):
+        self.executors.Executor.run_steps = self.run_steps
+        self.steps = self.sim.executor.ran.compiled_steps - self.steps
+
+
+def one(cfg: RunConfig, rounds: int) -> dict:
+    """One compiled run's figures (the module's docstring); `cfg` is run compiled at its steps_per_call."""
+    sim = build_simulation(cfg)
+    sync = synchronizer(sim)
+    t0 = time.perf_counter()
+    sim.step()
+    sync()
+    first = time.perf_counter() - t0
+    with Clock(sim) as clock:
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            sim.step()
+        sync()
+        per_round = (time.perf_counter() - t0) / rounds
+    not_compiled = sim.executor.ran.not_compiled()
+    if not_compiled:
+        raise NotCompiled(f"K={cfg.steps_per_call}: the run {not_compiled}; no figure is labelled compiled from it.")
+    return {
+        "compile s": first - per_round,
+        "s/round": per_round,
+        "host us/step": 1e6 * (clock.loop - clock.call) / clock.steps,
+        "in the call us/step": 1e6 * clock.call / clock.steps,
+        "steps a round": clock.steps / rounds,
+        "programs": sim.executor.ran.programs,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--blocks", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    print(f"step_blocks on {provenance.machine()}, torch {torch.__version__}", flush=True)
+    results: dict[str, dict] = {}
+    for setting in args.settings:
+        out = results[setting] = {}
+        for block in args.blocks:
+            cfg = SETTINGS[setting](args.device, engine="compiled", steps_per_call=block)
+            out[f"K={block}"] = one(cfg, args.rounds)
+            if args.json:  # a long run keeps what it measured
+                provenance.write(args.json, results)
+        base = out[f"K={args.blocks[0]}"]
+        for block in args.blocks:
+            f = out[f"K={block}"]
+            f["host / K=1"] = f["host us/step"] / base["host us/step"]
+            f["s/round / K=1"] = f["s/round"] / base["s/round"]
+            print(
+                f"  {setting} K={block}: compile {f['compile s']:.1f} s, {f['s/round']:.3f} s/round "
+                f"({f['s/round / K=1']:.2f} of K={args.blocks[0]}), host {f['host us/step']:.0f} µs a step "
+                f"({f['host / K=1']:.2f} of K={args.blocks[0]}), in the call {f['in the call us/step']:.0f} µs a step",
+                flush=True,
+            )
+    if args.json:
+        provenance.write(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
