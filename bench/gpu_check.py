@@ -77,19 +77,18 @@ def checked_methods(args) -> list[str]:
 
 
 def blocks(campaign: Campaign, deadline: float) -> dict:
-    """GPFL's Table 1 setting compiled at each of BLOCKS steps a call, until the deadline (smoke: FedAvg on digits)."""
-    from bench.step_blocks import SETTINGS, one
+    """GPFL's Table 1 setting compiled at each of BLOCKS steps a call, their rounds in turn (bench/step_blocks.py;
+    smoke: FedAvg on digits at 1 and 2)."""
+    from bench.step_blocks import SETTINGS, compare
 
-    out: dict = {}
-    for block in [1, 2] if campaign.args.smoke else BLOCKS:
-        if time.monotonic() > deadline:
-            break
-        if campaign.args.smoke:
-            cfg = campaign.digits("fedavg", engine="compiled", steps_per_call=block, device=campaign.device)
-        else:
-            cfg = SETTINGS["table1"](campaign.device, engine="compiled", steps_per_call=block, data_dir=campaign.data)
-        out[f"K={block}"] = one(cfg, rounds=1 if campaign.args.smoke else 2)
-        campaign.progress({"figures": out})
+    if campaign.args.smoke:
+        cfgs = {
+            k: campaign.digits("fedavg", engine="compiled", steps_per_call=k, device=campaign.device) for k in (1, 2)
+        }
+    else:
+        table1 = SETTINGS["table1"]
+        cfgs = {k: table1(campaign.device, engine="compiled", steps_per_call=k, data_dir=campaign.data) for k in BLOCKS}
+    out = compare(cfgs, rounds=1 if campaign.args.smoke else 3)
     line = "; ".join(f"{k}: {f['s/round']:.3f} s/round, host {f['host us/step']:.0f} µs a step" for k, f in out.items())
     return {"figures": out, "line": line}
 

@@ -7,7 +7,8 @@ each K (default 1, 4, 16), one compiled run of the vectorized executor, training
 
 - compile s            its first round less a timed round: the programs' compiling (K steps traced into each),
                        from an empty compile cache of its own;
-- s/round              the timed rounds' mean, after the first;
+- s/round              the median of its timed rounds, after the first; the Ks' rounds run in turn, so that what
+                       the machine does meanwhile falls on each alike;
 - host µs/step         the training loop's time outside the compiled calls (the block's gather, slicing, the
                        loss's sum, the loop itself) over the steps it ran;
 - in the call µs/step  the time inside the compiled calls over the steps (on a CPU the arithmetic itself; on
@@ -22,6 +23,7 @@ A figure is taken only from a run whose every step ran compiled. Usage:
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -55,12 +57,14 @@ SETTINGS = {
 
 
 class Clock:
-    """Time inside the executor's step loop and inside the compiled calls it makes, and the steps they ran."""
+    """Time inside a run's step loop and inside the compiled calls it makes, and the steps they ran, added up over
+    the rounds run inside `with clock:`."""
 
     def __init__(self, sim):
         import tuner.executors as executors
 
         self.loop = self.call = 0.0
+        self.steps = 0
         self.sim, self.executors = sim, executors
         self.run_steps = executors.Executor.run_steps
 
@@ -68,14 +72,14 @@ class Clock:
         clock, run_steps = self, self.run_steps
 
         def timed_loop(executor, step, *args):
-            if not getattr(step.program, "timed", False):
+            if not getattr(step.program, "timed", False):  # the run's own programs, timed into its own clock
                 step.program = clock.timed_call(step.program)
             t0 = time.perf_counter()
             run_steps(executor, step, *args)
             clock.loop += time.perf_counter() - t0
 
         self.executors.Executor.run_steps = timed_loop
-        self.steps = self.sim.executor.ran.compiled_steps
+        self.before = self.sim.executor.ran.compiled_steps
         return self
 
     def timed_call(self, program):
@@ -90,34 +94,47 @@ class Clock:
 
     def __exit__(self, *exc):
         self.executors.Executor.run_steps = self.run_steps
-        self.steps = self.sim.executor.ran.compiled_steps - self.steps
+        self.steps += self.sim.executor.ran.compiled_steps - self.before
 
 
-def one(cfg: RunConfig, rounds: int) -> dict:
-    """One compiled run's figures (the module's docstring); `cfg` is run compiled at its steps_per_call."""
-    sim = build_simulation(cfg)
-    sync = synchronizer(sim)
-    t0 = time.perf_counter()
-    sim.step()
-    sync()
-    first = time.perf_counter() - t0
-    with Clock(sim) as clock:
-        t0 = time.perf_counter()
-        for _ in range(rounds):
+def compare(cfgs: dict[int, RunConfig], rounds: int) -> dict[str, dict]:
+    """Each K's compiled run (`cfgs`: K -> its configuration), its first round compiling from an empty cache of its
+    own, then `rounds` rounds of each in turn (K = 1's, K = 4's, ..., again), so that what the machine does
+    meanwhile falls on all of them alike: the figures of the module's docstring, and each K's ratios to the first."""
+    runs = {}
+    for block, cfg in cfgs.items():
+        with tempfile.TemporaryDirectory() as cache:  # compile seconds from nothing, not from K's earlier runs
+            use_cache(cache)
+            sim = build_simulation(cfg)
+            t0 = time.perf_counter()
             sim.step()
-        sync()
-        per_round = (time.perf_counter() - t0) / rounds
-    not_compiled = sim.executor.ran.not_compiled()
-    if not_compiled:
-        raise NotCompiled(f"K={cfg.steps_per_call}: the run {not_compiled}; no figure is labelled compiled from it.")
-    return {
-        "compile s": first - per_round,
-        "s/round": per_round,
-        "host us/step": 1e6 * (clock.loop - clock.call) / clock.steps,
-        "in the call us/step": 1e6 * clock.call / clock.steps,
-        "steps a round": clock.steps / rounds,
-        "programs": sim.executor.ran.programs,
-    }
+            synchronizer(sim)()
+            runs[block] = (sim, Clock(sim), time.perf_counter() - t0, [])
+    for _ in range(rounds):
+        for sim, clock, _, seconds in runs.values():
+            with clock:
+                t0 = time.perf_counter()
+                sim.step()
+                synchronizer(sim)()
+                seconds.append(time.perf_counter() - t0)
+    out = {}
+    for block, (sim, clock, first, seconds) in runs.items():
+        if why := sim.executor.ran.not_compiled():
+            raise NotCompiled(f"K={block}: the run {why}; no figure is labelled compiled from it.")
+        per_round = statistics.median(seconds)
+        out[f"K={block}"] = {
+            "compile s": first - per_round,
+            "s/round": per_round,
+            "host us/step": 1e6 * (clock.loop - clock.call) / clock.steps,
+            "in the call us/step": 1e6 * clock.call / clock.steps,
+            "steps a round": clock.steps / rounds,
+            "programs": sim.executor.ran.programs,
+        }
+    base = next(iter(out.values()))
+    for f in out.values():
+        f["host / K=1"] = f["host us/step"] / base["host us/step"]
+        f["s/round / K=1"] = f["s/round"] / base["s/round"]
+    return out
 
 
 def main() -> None:
@@ -131,27 +148,17 @@ def main() -> None:
     print(f"step_blocks on {provenance.machine()}, torch {torch.__version__}", flush=True)
     results: dict[str, dict] = {}
     for setting in args.settings:
-        out = results[setting] = {}
-        for block in args.blocks:
-            cfg = SETTINGS[setting](args.device, engine="compiled", steps_per_call=block)
-            with tempfile.TemporaryDirectory() as cache:  # compile seconds from nothing, not from K's earlier runs
-                use_cache(cache)
-                out[f"K={block}"] = one(cfg, args.rounds)
-            if args.json:  # a long run keeps what it measured
-                provenance.write(args.json, results)
-        base = out[f"K={args.blocks[0]}"]
-        for block in args.blocks:
-            f = out[f"K={block}"]
-            f["host / K=1"] = f["host us/step"] / base["host us/step"]
-            f["s/round / K=1"] = f["s/round"] / base["s/round"]
+        cfgs = {b: SETTINGS[setting](args.device, engine="compiled", steps_per_call=b) for b in args.blocks}
+        out = results[setting] = compare(cfgs, args.rounds)
+        for label, f in out.items():
             print(
-                f"  {setting} K={block}: compile {f['compile s']:.1f} s, {f['s/round']:.3f} s/round "
-                f"({f['s/round / K=1']:.2f} of K={args.blocks[0]}), host {f['host us/step']:.0f} µs a step "
-                f"({f['host / K=1']:.2f} of K={args.blocks[0]}), in the call {f['in the call us/step']:.0f} µs a step",
+                f"  {setting} {label}: compile {f['compile s']:.1f} s, {f['s/round']:.3f} s/round "
+                f"({f['s/round / K=1']:.2f} of the first), host {f['host us/step']:.0f} µs a step "
+                f"({f['host / K=1']:.2f} of the first), in the call {f['in the call us/step']:.0f} µs a step",
                 flush=True,
             )
-    if args.json:
-        provenance.write(args.json, results)
+        if args.json:  # a long run keeps what it measured
+            provenance.write(args.json, results)
 
 
 if __name__ == "__main__":

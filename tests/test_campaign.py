@@ -1,24 +1,29 @@
 """bench/gpu_campaign.py in its smoke form on the CPU, so the GPU command cannot rot between GPU runs."""
 
 import importlib.util
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
+from tuner.cli import app
 from tuner.compile import INDUCTOR_CONFIGS
 from tuner.config import RunConfig
 
 INDUCTOR_DEFAULT = INDUCTOR_CONFIGS[0][0]
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["environment", "correctness", "speed", "profile", "sharing", "real run"]
+# as campaign.json holds them: the check's, then the campaign's
+STAGES = ["environment", "correctness", "speed", "blocks", "conv forms", "profile", "sharing", "real run"]
 
 
 def without_ray_and_optuna(tmp_path: Path) -> dict:
@@ -93,6 +98,7 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
     assert set(results["conv forms"]["forms"]) == {"grouped", "unfold", "channels_last"}
     prof = results["profile"]
     assert prof["top"] and prof["steps_s"] > 0 and prof["window_s"] > 0 and "graph calls" in prof
+    assert set(prof["step_s_by_width"]) == {"1", "2", "4"} and min(prof["step_s_by_width"].values()) > 0
     assert "pfl-tuner: timed window" not in {k["name"] for k in prof["top"]}  # the window is no kernel
 
     command = [
@@ -130,6 +136,14 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
         r["finished"] and r["rounds"] == 2 for r in runs.values()
     )
     assert len(pd.read_parquet(out / "runs/fedpac-20/local/metrics.parquet")) == 2  # a run `tuner report` reads
+    # the runs come back as archive pieces, and `tuner report` rebuilds the column from what they hold
+    assert results["real run"]["archive"] == ["runs.tar.xz.00"]
+    back = tmp_path / "back"
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in sorted(out.glob("runs.tar.xz.*"))))) as tar:
+        tar.extractall(back, filter="data")
+    assert sorted(p.name for p in (back / "runs/fedpac-20/local").iterdir()) == ["config.yaml", "metrics.parquet"]
+    report = CliRunner().invoke(app, ["report", str(back / "runs"), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0 and "FedAvg" in report.output, report.output
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} |" in summary for s in STAGES)
 
@@ -510,3 +524,13 @@ def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
     largest = max(c["max_abs_difference"] for c in passed.values())
     assert f"(largest difference {largest:.1e})" in performance
     assert "after 12 of 72" in performance and len(passed) + len(failed) == 12
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    f = run["speed"]["figures"]
+    assert (
+        f"At commit 7a0cf86 on an H200, from an empty compile cache: GPFL {f['gpfl']['compiled s/round']:.3f} s a "
+        f"round, FedAvg {f['fedavg']['compiled s/round']:.3f}, FedCP {f['fedcp']['compiled s/round']:.3f} and "
+        f"FedPAC {f['fedpac']['compiled s/round']:.3f}"
+    ) in readme
+    from tuner.compile import CUDA_CHECKED
+
+    assert f"{len(CUDA_CHECKED)} methods are checked to compile on CUDA" in readme

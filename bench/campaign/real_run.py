@@ -1,21 +1,31 @@
-"""Stage 6: the papers' Fashion-MNIST columns at their length, as many runs at once as the knee; a run stopped
-by the budget resumes at the next command, a finished one is never started again."""
+"""Stage 6: the papers' Fashion-MNIST columns at their length (or GPFL's at 200 rounds, a column in one command),
+as many runs at once as the knee; a run stopped by the budget resumes at the next command, a finished one is never
+started again. What the runs wrote that `tuner report` reads (config.yaml, metrics.parquet) is packed as it ends
+into OUT/runs.tar.xz.NN, pieces under 16 MiB, so that a machine whose files come back a few at a time brings the
+column back whole."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
+from pathlib import Path
 
 from bench.campaign.processes import finished, run_figures, tuner_run, wait_all
 from tuner import papers
 from tuner.reproduce import cells
 
-# The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every)
+# The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every, rounds: None for the
+# paper's)
 COLUMNS = {
-    "fedpac-20": ("fedpac-table1", "pac:20", 20, 5),
-    "gpfl-dir": ("gpfl-table1", "dir:0.1", 20, 10),
-    "gpfl-pat": ("gpfl-table1", "pat:2", 20, 10),
-    "fedpac-100": ("fedpac-table1", "pac:20", 100, 5),
+    "fedpac-20": ("fedpac-table1", "pac:20", 20, 5, None),
+    "gpfl-dir": ("gpfl-table1", "dir:0.1", 20, 10, None),
+    "gpfl-pat": ("gpfl-table1", "pat:2", 20, 10, None),
+    "fedpac-100": ("fedpac-table1", "pac:20", 100, 5, None),
+    "gpfl-dir-200": ("gpfl-table1", "dir:0.1", 20, 10, 200),  # GPFL Table 1's column at 200 rounds: one command
 }
+PIECE = 15 * 2**20  # bytes of an archive's piece: under the 16 MiB a file may have to come back
+REPORTED = ("config.yaml", "metrics.parquet")  # what `tuner report` reads of a run
 
 
 def real_run(campaign, deadline: float) -> dict:
@@ -26,9 +36,9 @@ def real_run(campaign, deadline: float) -> dict:
     for column in campaign.args.columns.split(","):
         if column not in COLUMNS:
             raise SystemExit(f"Unknown column {column!r}; choose from {', '.join(COLUMNS)}.")
-        table, partition, clients, checkpoint_every = COLUMNS[column]
+        table, partition, clients, checkpoint_every, length = COLUMNS[column]
         paper = papers.TABLES[table].paper
-        rounds = 2 if campaign.args.smoke else papers.PAPERS[paper].rounds
+        rounds = 2 if campaign.args.smoke else length or papers.PAPERS[paper].rounds
         # a miniature of the column: two of its table's methods, digits, four clients, two rounds
         if campaign.args.smoke:
             published = (
@@ -90,6 +100,7 @@ def real_run(campaign, deadline: float) -> dict:
         )
         for (column, method, _, rounds), d in zip(batch, dirs, strict=True):
             out[f"{column}/{method}"] = run_figures(d, done or finished(d, rounds), time.monotonic() - t1)
+        pack(runs, campaign.out / "runs.tar.xz")  # each batch's, so a stop later loses none of it
     complete = sum(v["finished"] for v in out.values())
     line = f"{complete} of {len(todo)} runs at their paper's length ({', '.join(campaign.args.columns.split(','))})"
     line += (
@@ -97,4 +108,22 @@ def real_run(campaign, deadline: float) -> dict:
         if complete < len(todo)
         else ""
     )
-    return {"runs": out, "line": line}
+    return {"runs": out, "line": line, "archive": [p.name for p in sorted(campaign.out.glob("runs.tar.xz.*"))]}
+
+
+def pack(runs: Path, archive: Path) -> list[Path]:
+    """Every run's config.yaml and metrics.parquet under `runs`, as ARCHIVE.00, .01, ... of PIECE bytes at most
+    (`cat ARCHIVE.* | tar xJ` joins them); the pieces of an earlier packing are replaced."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        for path in sorted(p for name in REPORTED for p in runs.rglob(name)):
+            tar.add(path, arcname=str(path.relative_to(runs.parent)))
+    data = buffer.getvalue()
+    for old in archive.parent.glob(archive.name + ".*"):
+        old.unlink()
+    pieces = []
+    for n, start in enumerate(range(0, len(data), PIECE)):
+        piece = archive.with_name(f"{archive.name}.{n:02d}")
+        piece.write_bytes(data[start : start + PIECE])
+        pieces.append(piece)
+    return pieces

@@ -119,6 +119,7 @@ def profile(campaign, deadline: float) -> dict:
         {"name": e.key[:80], "calls": e.count, "ms": time_of(e) / 1e3}
         for e in sorted(averages, key=time_of, reverse=True)[:10]
     ]
+    by_width = step_seconds_by_width(sim, phases, cuda)
     if why := sim.executor.ran.not_compiled():  # the profile of an eager fallback is not the compiled engine's
         raise NotCompiled(f"the profiled steps {why}")
     ran = what_ran(sim)
@@ -127,7 +128,38 @@ def profile(campaign, deadline: float) -> dict:
         f"window; CUDA graphs {ran['graph calls']} calls, {ran['graph skips']} skipped; top: {kernels[0]['name']} "
         f"({kernels[0]['ms']:.1f} ms)"
     )
-    return {"steps_s": steps_s, "window_s": window_s, "device_busy_share": busy, "top": kernels, **ran, "line": line}
+    line += "; a step by padded width: " + ", ".join(f"{w}: {1e3 * t:.2f} ms" for w, t in by_width.items())
+    return {
+        "steps_s": steps_s,
+        "window_s": window_s,
+        "device_busy_share": busy,
+        "top": kernels,
+        "step_s_by_width": by_width,
+        **ran,
+        "line": line,
+    }
+
+
+def step_seconds_by_width(sim, phases, cuda: bool) -> dict[int, float]:
+    """Seconds a compiled step takes at each padded width (1, 2, 4, ... and the whole cohort), timed with no profiler
+    running: the cohort's largest clients, as many as the width, through the profile's steps (compiled first)."""
+    largest = sorted(range(sim.data.num_clients), key=lambda i: -int(sim.data.train.counts[i]))
+    n, widths = sim.data.num_clients, [1]
+    while widths[-1] * 2 < n:
+        widths.append(widths[-1] * 2)
+    out = {}
+    for w in [*widths, n]:
+        at = sim.at(1, sorted(largest[:w]))
+        cohort = {k: v[at.clients].clone() for k, v in sim.clients.items()}
+
+        def run(cohort=cohort, at=at) -> None:
+            sim.executor.train(phases, cohort, sim.server, at, 0)
+
+        run()  # compiles this width's programs
+        before = sim.executor.ran.compiled_steps
+        seconds = timed(run, cuda)
+        out[w] = seconds / max(1, sim.executor.ran.compiled_steps - before)
+    return out
 
 
 WINDOW = "pfl-tuner: timed window"  # the profiler's annotation around the timed steps
