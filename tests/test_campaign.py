@@ -534,3 +534,25 @@ def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
     from tuner.compile import CUDA_CHECKED
 
     assert f"{len(CUDA_CHECKED)} methods are checked to compile on CUDA" in readme
+
+
+def test_the_performance_page_quotes_the_block_and_convolution_benches_as_committed():
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    blocks = json.loads((ROOT / "results/bench/step-blocks-digits.json").read_text())
+    assert blocks["machine"].startswith("CPU") and f"commit {blocks['commit']}, 30 rounds each" in performance
+    for label, f in blocks["figures"]["digits"].items():
+        row = (
+            f"| {label[2:]} | {f['compile s']:.1f} | {f['s/round']:.3f} | {f['host us/step']:.0f} | "
+            f"{f['host / K=1']:.2f} | {f['in the call us/step']:.0f} |"
+        )
+        assert row in performance, row
+    k16 = blocks["figures"]["digits"]["K=16"]
+    assert f"cuts the host's time a step by {1 / k16['host / K=1']:.1f}×" in performance and k16["host / K=1"] <= 0.25
+    assert f"{k16['s/round / K=1']:.2f}× slower at K = 16" in performance
+    forms = json.loads((ROOT / "results/bench/conv-forms-cpu.json").read_text())["figures"]["forms"]
+    grouped, unfold, last = forms["grouped"], forms["unfold"], forms["channels_last"]
+    assert (
+        f"grouped convolution {grouped['eager ms/step']:.1f} ms a step eager and {grouped['compiled ms/step']:.1f} "
+        f"compiled; `unfold` {unfold['eager / grouped']:.2f}× and {unfold['compiled / grouped']:.2f}× that; "
+        f"`channels_last` {last['eager / grouped']:.2f}× and {last['compiled / grouped']:.2f}×"
+    ) in performance
