@@ -205,12 +205,17 @@ def build_method(cfg: ResolvedConfig, data: FederatedData) -> Method:
 def _decoding_to(
     dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Model inputs in the run's float type (token ids stay integers)."""
+    """Model inputs in the run's float type (token ids stay integers). A decoding that already gives them (a rebuilt
+    run's data) is kept as it is: wrapped twice, it would be another function to a compiled program, which then
+    compiles again."""
+    if getattr(decode, "float_type", None) == dtype:
+        return decode
 
     def decoded(x: torch.Tensor) -> torch.Tensor:
         out = decode(x)
         return out.to(dtype) if out.is_floating_point() else out
 
+    decoded.float_type = dtype  # type: ignore[attr-defined]
     return decoded
 
 
