@@ -15,8 +15,10 @@ Prediction: the adaptively aggregated model.
 Sources: TsingZ0/FedALA and PFLlib utils/ALA.py and serverala.py (η = 1, rand_percent 80, layer_idx 2).
 Differences: the reference learns W on a contiguous slice of `rand_percent` % at a random offset, in order;
 here on as many samples of a keyed shuffle of the client's samples, its last partial batch kept as the
-reference's loader keeps it (Phase.share; the padded rows carry an ignored label, but with batch norm they
-enter its batch statistics). Its first adaptation runs epochs until the last ten losses vary by less than
+reference's loader keeps it (Phase.share; its padded rows are the split's first sample, another client's, with an
+ignored label: they add nothing to the loss, but with batch norm they enter the batch's statistics). The pass
+moves no BatchNorm statistic of the client's (it runs on copies of them, as the reference on a discarded copy
+of the model). Its first adaptation runs epochs until the last ten losses vary by less than
 0.1 (at least eleven); here every adaptation is one epoch (the engine runs a fixed number of steps). The
 initial model is not adapted to (the engine runs receive phases from round 1's broadcast on), as the
 reference skips its first iteration.
@@ -83,7 +85,10 @@ class FedALA(Method):
         return {k: state[k] + (state[RECEIVED + k] - state[k]) * state[WEIGHTS + k] for k in self.higher}
 
     def weights_loss(self, state, server, x, y):
-        return F.cross_entropy(self.net.logits({**state, **self.mixed(state)}, x), y)
+        # on copies of the BatchNorm statistics, which the pass moves and leaves behind: the reference learns W on
+        # a copy of the model that it then discards (ALA.py `model_t`), so the client's statistics stay as they were
+        scratch = {k: v.clone() for k, v in state.items() if self.net.is_buffer(k)}
+        return F.cross_entropy(self.net.logits({**state, **scratch, **self.mixed(state)}, x), y)
 
     def receive_phases(self):
         return [

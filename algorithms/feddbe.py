@@ -13,9 +13,12 @@ Sources: TsingZ0/DBE clientDBE.py / serverDBE.py and PFLlib clientdbe.py (the sa
 Fashion-MNIST run (run_me.sh): κ = 50, ρ = 1 (the running mean is then the batch's own mean).
 The bias steps by its plain gradient at the run's learning rate, as the reference's separate
 `opt_client_mean` (a plain SGD), while the model takes the run's momentum and weight decay.
-Differences: the reference computes m_g in a pass before round 1 in which every client trains an epoch
-without b_i and the regularizer, then drops what that epoch trained; here round 1 is that pass, with
-what it trained kept (the curve is one FedAvg round ahead of the reference's).
+Differences: the reference computes m_g in a pass before round 1 (serverdbe.py `__init__`) in which every
+client of the federation trains its `local_epochs` without b_i and the regularizer, m_g the sample-weighted
+mean over all of them; round 1's `send_models` then overwrites the parameters that pass trained, but not the
+BatchNorm statistics it moved (clientbase.py `set_parameters` copies parameters only), which each client keeps.
+Here round 1 is that pass, with everything it trained kept (the curve is one FedAvg round ahead of the
+reference's), and m_g averages round 1's cohort: every client only where all take part.
 """
 
 from dataclasses import dataclass

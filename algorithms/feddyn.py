@@ -18,9 +18,11 @@ The authors' code (alpemreacar/FedDyn, utils_methods.py `train_FedDyn`, utils_ge
 for −g_k/α, their mean over the federation for −h/α) and differs in three ways, none of them here:
 - α per client: α_k = α / (n_k / n̄), n̄ the federation's mean training size (`alpha_coef_adpt`), so a
   client with more data is held less;
-- the proximal part as SGD weight decay α_k, added after the gradient is clipped at norm 10
-  (`max_norm`), the linear part inside the clipped loss;
-- the accuracy it reports is the plain mean of the round's client models (`avg_model`, "sel"), not the
+- of the proximal gradient α_k (θ − θ^{t−1}), only α_k θ is SGD weight decay (`weight_decay=alpha_coef`),
+  added after the gradient is clipped at norm 10 (`max_norm`); −α_k θ^{t−1} sits with the linear part inside
+  the clipped loss (`loss_algo`: α_k ⟨θ, −θ^{t−1} + local_grad_vector⟩);
+- the accuracies it reports are those of the plain mean of the round's client models (`avg_model`, "sel")
+  and of the mean over every client's last model, taking part or not (`all_model`, "all"), not of the
   corrected model θ^t that the clients receive (`cld_model`); here, as the paper's Algorithm 1 and PFLlib,
   θ^t both trains and predicts.
 A variant in that form would need a per-client weight decay outside the clip and a second server model;

@@ -13,9 +13,9 @@ PFLlib's `set_parameters` calls `.eval()`, and the authors' `_keep_global` deep-
 which their `evaluate_model` left in eval mode. The not-true softmax is the full softmax with the label's
 logit at −∞ (the same values as gathering the other logits, with no shape that depends on y).
 
-Differences: with batch norm, the received model normalizes with the client's running statistics
-(`Net.predict`; the server holds none), where PFLlib's global model carries the first uploader's and the
-authors' the copied client model's; it writes none.
+Differences: with batch norm, the received model normalizes with the client's running statistics as the step's
+own local forward has just left them (`Net.predict`; the server holds none), where PFLlib's global model carries
+the first uploader's and the authors' those of the client model copied at the round's start; it writes none.
 """
 
 from dataclasses import dataclass

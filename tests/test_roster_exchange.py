@@ -472,3 +472,19 @@ def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_
         client(nocs, 0), nocs.server, x, y, torch.ones(len(y), dtype=torch.float64)
     )
     assert len(sim_for("fedas-nopa").method.phases()) == 1
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_fedalas_weight_learning_leaves_the_clients_batchnorm_statistics_as_they_were(executor):
+    """PFLlib learns W on a copy of the local model that it discards (ALA.py `model_t`): the pass trains W in
+    train mode, batch statistics and all, and the client's running statistics stay the client's."""
+    from tuner.draws import RECEIVE_STREAM
+
+    sim = sim_for("fedala", 1, join_ratio="1", dtype="float64", executor=executor, backbone="tiny_batchnorm")
+    at = sim.at(2, list(range(6)))
+    cohort = {k: v.clone() for k, v in sim.clients.items()}
+    before = {k: v.clone() for k, v in cohort.items()}
+    sim.executor.train(sim.method.receive_phases(), cohort, sim.server, at, RECEIVE_STREAM)
+    stats = [k for k in cohort if sim.method.net.is_buffer(k)]
+    assert stats and all(torch.equal(cohort[k], before[k]) for k in stats)
+    assert any(not torch.equal(cohort[k], before[k]) for k in cohort if k.startswith("ala.w."))  # W learned

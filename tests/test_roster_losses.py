@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from simulations import batch, client, sim_for
 from torch.func import grad
 
+from algorithms.fedntd import not_true_kl
+
 
 def test_fedntd_distills_the_received_models_not_true_classes_only():
     sim = sim_for("fedntd", 1, dtype="float64", hparams={"tau": 3.0})  # τ ≠ 1: the τ² of both references shows
@@ -27,8 +29,6 @@ def test_fedntd_distills_the_received_models_not_true_classes_only():
     torch.testing.assert_close(m.loss(state, sim.server, x, y), F.cross_entropy(local, y) + beta * tau**2 * kl)
     assert kl > 1e-4
     # the label's own logit is left to the cross-entropy: the distillation gives it no gradient
-    from algorithms.fedntd import not_true_kl
-
     g = grad(lambda z: not_true_kl(z, received, y, tau))(local)
     assert torch.all(g.gather(1, y[:, None]) == 0) and torch.isfinite(g).all()
 
@@ -50,6 +50,19 @@ def test_a_frozen_models_forward_leaves_the_clients_batch_norm_statistics_to_its
         m.net.module.eval()
         # eval mode: running statistics
         torch.testing.assert_close(m.net.predict({**state, **sim.server}, x), m.net.logits({**state, **sim.server}, x))
+        # and the loss distills from that eval-mode forward: one in train mode on copies of the statistics (the
+        # batch's own) is another teacher
+        m.net.module.train()
+        moved = {k: v.clone() for k, v in state.items()}
+        local = m.net.logits(moved, x)  # the step's own forward moves the client's statistics first
+        m.net.module.eval()
+        received = m.net.logits({**moved, **sim.server}, x)
+        m.net.module.train()
+        tau, beta = m.hp.tau, m.hp.beta
+        expected = F.cross_entropy(local, y) + beta * tau**2 * not_true_kl(local, received, y, tau)
+        torch.testing.assert_close(m.loss({k: v.clone() for k, v in state.items()}, sim.server, x, y), expected)
+        in_train_mode = m.net.logits({k: v.clone() for k, v in {**state, **sim.server}.items()}, x)
+        assert (in_train_mode - received).abs().max() > 1e-3  # the two teachers differ: the check can fail
 
 
 def test_feddyn_corrects_each_client_by_its_last_gradient_and_the_server_by_h():
