@@ -14,11 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from scipy import stats
 from simulations import assert_equal_states, exact_config, run_rounds
 from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.errors import UserError
+from tuner.report.intervals import difference
 from tuner.run import build_simulation, run
 from tuner.schedule import ROUNDS_FILE, load_schedule, read_rounds
 from tuner.space import load_space
@@ -358,6 +360,26 @@ def test_the_sweeps_page_quotes_the_committed_scheduler_comparison(folder):
         )
         assert row in page, row
     assert record["command"] in page and record["commit"] in page
+    # each population scheduler against ASHA, with its interval; no advice where it covers 0
+    data = {"schedulers-digits": "digits", "schedulers-fmnist": "Fashion-MNIST"}[folder]
+    best = sweeps.groupby(["method", "scheduler"])["best_val_acc"].apply(list)
+    for method in sweeps["method"].unique():
+        for scheduler in ("pbt", "pb2"):
+            gap = difference(best[method, scheduler], best[method, "asha"])
+            row = f"| {data} | {method} | {scheduler} | {gap.points()} | {'yes' if gap.distinguishable else 'no'} |"
+            assert row in page, row
+            assert not gap.distinguishable or "Every interval above covers 0" not in page
+
+
+def test_an_interval_excludes_0_only_where_the_two_differ_beyond_their_spread():
+    same, apart = difference([0.80, 0.82, 0.84], [0.81, 0.83, 0.79]), difference([0.90, 0.91, 0.92], [0.80, 0.81, 0.80])
+    assert not same.distinguishable and same.low < 0 < same.high
+    assert apart.distinguishable and apart.low > 0 and apart.mean == pytest.approx(0.1066666, rel=1e-5)
+    # Welch's interval, as scipy's Welch test gives it
+    welch = stats.ttest_ind([0.90, 0.91, 0.92], [0.80, 0.81, 0.80], equal_var=False).confidence_interval()
+    assert (apart.low, apart.high) == pytest.approx((welch.low, welch.high), rel=1e-9)
+    paired = difference([0.9, 0.8, 0.7], [0.85, 0.74, 0.66], paired=True)  # every seed gains 4 to 6 points
+    assert paired.distinguishable and paired.low > 0.02
 
 
 def json_file(path: Path) -> dict:
