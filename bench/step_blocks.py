@@ -34,24 +34,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
+from bench.compile_once import SMALL  # noqa: E402
 from bench.engine_speed import NotCompiled, synchronizer, table1  # noqa: E402
 from tuner.compile import use_cache  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
 from tuner.run import build_simulation  # noqa: E402
 
 SETTINGS = {
-    "digits": lambda device, **kw: RunConfig(
-        method="gpfl",
-        dataset="digits",
-        partition="dir:0.1",
-        clients=20,
-        batch_size=10,
-        executor="vectorized",
-        eval_gap=10**6,
-        rounds=10**6,
-        device=device,
-        **kw,
-    ),
+    "digits": lambda device, **kw: RunConfig(**{**SMALL, "rounds": 10**6, "device": device, **kw}),
     "table1": lambda device, **kw: table1("gpfl", device, **kw),
 }
 
