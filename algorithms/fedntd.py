@@ -13,9 +13,9 @@ PFLlib's `set_parameters` calls `.eval()`, and the authors' `_keep_global` deep-
 which their `evaluate_model` left in eval mode. The not-true softmax is the full softmax with the label's
 logit at −∞ (the same values as gathering the other logits, with no shape that depends on y).
 
-Differences: with batch norm, the received model normalizes with the client's running statistics as the step's
-own local forward has just left them (`Net.predict`; the server holds none), where PFLlib's global model carries
-the first uploader's and the authors' those of the client model copied at the round's start; it writes none.
+With batch norm, the received model normalizes with the client's running statistics as its round began
+(kept at `begin_local`; the server holds none), as the authors' copy of the client model at the round's start,
+and writes none (`Net.predict`). Differences: PFLlib's global model carries the first uploader's statistics.
 """
 
 from dataclasses import dataclass
@@ -24,6 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method
+from algorithms.rounds import Passes
+
+RECEIVED_STATS = "ntd.stats."  # the client's BatchNorm statistics as its round began: the received model's
 
 
 @dataclass
@@ -48,9 +51,20 @@ class FedNTD(Method):
     source = "Lee-Gihun/FedNTD"
     Hparams = FedNTDHparams
 
+    passes = Passes(begin_local=True)
+
+    def init_client(self, model):
+        model = super().init_client(model)
+        return {**model, **{RECEIVED_STATS + k: model[k].clone() for k in self.net.buffer_keys}}
+
+    def begin_local(self, client, server, stats, at):
+        # the received model as the authors' `_keep_global` copies it at the round's start: the client's statistics
+        return {RECEIVED_STATS + k: client[k] for k in self.net.buffer_keys}
+
     def loss(self, state, server, x, y):
         logits = self.net.logits(state, x)
-        # the global model of this round, frozen, in eval mode
-        received = self.net.predict({**state, **server}, x).detach()
+        # the global model of this round, frozen, in eval mode, with the statistics the round started with
+        frozen = {k: state[RECEIVED_STATS + k] for k in self.net.buffer_keys}
+        received = self.net.predict({**state, **server, **frozen}, x).detach()
         distillation = self.hp.tau**2 * not_true_kl(logits, received, y, self.hp.tau)  # τ² as both references
         return F.cross_entropy(logits, y) + self.hp.beta * distillation  # eq. 5

@@ -50,19 +50,22 @@ def test_a_frozen_models_forward_leaves_the_clients_batch_norm_statistics_to_its
         m.net.module.eval()
         # eval mode: running statistics
         torch.testing.assert_close(m.net.predict({**state, **sim.server}, x), m.net.logits({**state, **sim.server}, x))
-        # and the loss distills from that eval-mode forward: one in train mode on copies of the statistics (the
-        # batch's own) is another teacher
+        # and the loss distills from that eval-mode forward with the statistics the round began with (as the
+        # authors' copy of the client model), not those the step's own forward moves, nor the batch's own
+        received = m.net.logits({**state, **sim.server}, x)
         m.net.module.train()
+        began = {**state, **{"ntd.stats." + k: state[k].clone() for k in m.net.buffer_keys}}  # begin_local's
         moved = {k: v.clone() for k, v in state.items()}
-        local = m.net.logits(moved, x)  # the step's own forward moves the client's statistics first
-        m.net.module.eval()
-        received = m.net.logits({**moved, **sim.server}, x)
-        m.net.module.train()
+        local = m.net.logits(moved, x)
         tau, beta = m.hp.tau, m.hp.beta
         expected = F.cross_entropy(local, y) + beta * tau**2 * not_true_kl(local, received, y, tau)
-        torch.testing.assert_close(m.loss({k: v.clone() for k, v in state.items()}, sim.server, x, y), expected)
+        torch.testing.assert_close(m.loss({k: v.clone() for k, v in began.items()}, sim.server, x, y), expected)
+        m.net.module.eval()
+        after_the_step = m.net.logits({**moved, **sim.server}, x)
+        m.net.module.train()
         in_train_mode = m.net.logits({k: v.clone() for k, v in {**state, **sim.server}.items()}, x)
-        assert (in_train_mode - received).abs().max() > 1e-3  # the two teachers differ: the check can fail
+        # the other teachers differ from it: the check can fail
+        assert (after_the_step - received).abs().max() > 1e-6 and (in_train_mode - received).abs().max() > 1e-3
 
 
 def test_feddyn_corrects_each_client_by_its_last_gradient_and_the_server_by_h():
