@@ -118,7 +118,7 @@ class Simulation:
             stats = self.executor.sum_over(
                 fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple
             )
-        return {**cohort, **_own_memory(self._per_client(hook, name, cohort, at, stats), self.server)}
+        return {**cohort, **_own_memory(self._per_client(hook, name, cohort, at, stats), self.server, cohort)}
 
     def _accuracy(self, state, server, x, y, w):
         out = self.method.logits(state, server, x)
@@ -230,9 +230,16 @@ class Simulation:
         self.best_acc = max((h["acc"] for h in self.history if "acc" in h), default=-math.inf)
 
 
-def _own_memory(outputs: State, server: State) -> State:
+def _own_memory(outputs: State, server: State, inputs: State | None = None) -> State:
     """A hook's outputs, each client's in memory of its own: the cohort trains in place, and a hook may hand back a
-    server tensor, which vmap returns expanded over the clients (or, for one client, as the server's tensor itself)."""
+    server tensor, which vmap returns expanded over the clients (or, for one client, as the server's tensor itself),
+    or one of the client's own tensors under another key (FedNTD's copy of its statistics as the round begins),
+    which vmap returns as that very tensor: the two keys would then train as one."""
     server_memory = {v.untyped_storage().data_ptr() for v in server.values()}
-    aliased = lambda v: (v.dim() > 0 and v.stride(0) == 0) or v.untyped_storage().data_ptr() in server_memory  # noqa: E731
-    return {k: v.clone() if aliased(v) else v for k, v in outputs.items()}
+    held = {v.untyped_storage().data_ptr(): k for k, v in (inputs or {}).items()}
+
+    def aliased(k: str, v: torch.Tensor) -> bool:
+        ptr = v.untyped_storage().data_ptr()
+        return (v.dim() > 0 and v.stride(0) == 0) or ptr in server_memory or held.get(ptr, k) != k
+
+    return {k: v.clone() if aliased(k, v) else v for k, v in outputs.items()}
