@@ -15,11 +15,12 @@ printed as one line (a stop loses nothing; a later campaign command adds to the 
 3. speed        eager and compiled s/round of GPFL, FedCP, FedAvg and FedPAC in their Table 1 settings, trial 1's
                 compiling from an empty compile cache, trial 2's programs, the Inductor configuration, CUDA graph
                 calls and skips (bench/engine_speed.py's `measure`; a run that went on eager gives no figure);
-4. blocks       GPFL's Table 1 setting compiled at 1 and at BLOCKS steps a call (bench/step_blocks.py): s/round, the
-                host's µs a step outside the compiled calls, compile seconds;
-5. conv forms   cnn4's step under vmap, 20 clients of batch 10, in each convolution form (bench/conv_forms.py): ms a
+4. conv forms   cnn4's step under vmap, 20 clients of batch 10, in each convolution form (bench/conv_forms.py): ms a
                 step eager and compiled;
-6. profile      the share of the wall time the GPU was busy over 20 compiled steps of GPFL's cohort.
+5. profile      the share of the wall time the GPU was busy over 20 compiled steps of GPFL's cohort, and a step's
+                time at each padded width;
+6. blocks       GPFL's Table 1 setting compiled at 1 and at 4 steps a call (bench/step_blocks.py): s/round, the
+                host's µs a step outside the compiled calls, compile seconds; last, since its compiling is long.
 
 `--methods all` checks every method and variant (those not yet checked on CUDA first) instead of a family each.
 
@@ -47,8 +48,10 @@ from tuner.compile import CUDA_CHECKED  # noqa: E402
 
 # The ten checks ended in 159 s on an H200 (a50e3b0); the four speed figures need ~330 s (each compiles from nothing):
 # at 0.48 of 7 minutes FedCP and FedPAC were never reached.
-SHARES = {"environment": 0.02, "correctness": 0.3, "speed": 0.45, "blocks": 0.13, "conv forms": 0.05, "profile": 0.05}
-BLOCKS = [1, 16]  # steps a call: one against a block
+# blocks last: its compiling grows with K (GPFL's Table 1 step on the CPU: 140 s at K = 1, 392 at 4, 1471 at 16,
+# results/bench/step-blocks-table1.json), so it may run past its share without starving the stages before it
+SHARES = {"environment": 0.02, "correctness": 0.3, "speed": 0.45, "conv forms": 0.05, "profile": 0.05, "blocks": 0.13}
+BLOCKS = [1, 4]  # steps a call: one against a block (16 would compile for many minutes)
 # A method a family: plain steps (FedAvg), GPFL's and FedCP's added modules, keyed noise (FedCP-Gumbel), statistics
 # passes, two phases with momentum and a QP (FedPAC), two models (Ditto), head then body (FedRep), an inner loop
 # (pFedMe), mixture components (FedEM); the first six failed to compile on CUDA before the retry (results/gpu).
@@ -148,9 +151,9 @@ def main() -> None:
         "environment": c.environment,
         "correctness": lambda d: correctness(c, d),
         "speed": lambda d: speed(c, d),
-        "blocks": lambda d: blocks(c, d),
         "conv forms": lambda d: conv_forms(c, d),
         "profile": lambda d: profile(c, d),
+        "blocks": lambda d: blocks(c, d),
     }
     for name, run in stages.items():
         c.stage(name, run)

@@ -23,7 +23,7 @@ INDUCTOR_DEFAULT = INDUCTOR_CONFIGS[0][0]
 
 ROOT = Path(__file__).resolve().parents[1]
 # as campaign.json holds them: the check's, then the campaign's
-STAGES = ["environment", "correctness", "speed", "blocks", "conv forms", "profile", "sharing", "real run"]
+STAGES = ["environment", "correctness", "speed", "conv forms", "profile", "blocks", "sharing", "real run"]
 
 
 def without_ray_and_optuna(tmp_path: Path) -> dict:
@@ -62,7 +62,7 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
     )
     assert check.returncode == 0, check.stderr[-2000:]
     # one line per stage, in order
-    assert printed_stages(check) == ["environment", "correctness", "speed", "blocks", "conv forms", "profile"]
+    assert printed_stages(check) == ["environment", "correctness", "speed", "conv forms", "profile", "blocks"]
     results = json.loads((out / "campaign.json").read_text())
     assert not [s for s in results if "error" in results[s]]
     assert (
@@ -546,6 +546,17 @@ def test_the_performance_page_quotes_the_block_and_convolution_benches_as_commit
             f"{f['host / K=1']:.2f} | {f['in the call us/step']:.0f} |"
         )
         assert row in performance, row
+    table1 = json.loads((ROOT / "results/bench/step-blocks-table1.json").read_text())
+    assert f"`python bench/step_blocks.py --settings table1 --rounds 2`, commit {table1['commit']}" in performance
+    for label, f in table1["figures"]["table1"].items():
+        row = (
+            f"| {label[2:]} | {f['compile s']:.1f} | {f['s/round']:.3f} | {f['host us/step']:.0f} | "
+            f"{f['host / K=1']:.2f} | {f['in the call us/step']:.0f} |"
+        )
+        assert row in performance, row
+    t = table1["figures"]["table1"]
+    growth = [t[k]["compile s"] / t["K=1"]["compile s"] for k in ("K=4", "K=16")]
+    assert f"compiling grows {growth[0]:.1f}× at K = 4 and {growth[1]:.1f}× at K = 16" in performance
     k16 = blocks["figures"]["digits"]["K=16"]
     assert f"cuts the host's time a step by {1 / k16['host / K=1']:.1f}×" in performance and k16["host / K=1"] <= 0.25
     assert f"{k16['s/round / K=1']:.2f}× slower at K = 16" in performance
