@@ -22,7 +22,8 @@ printed as one line (a stop loses nothing; a later campaign command adds to the 
 6. blocks       GPFL's Table 1 setting compiled at 1 and at 4 steps a call (bench/step_blocks.py): s/round, the
                 host's µs a step outside the compiled calls, compile seconds; last, since its compiling is long.
 
-`--methods all` checks every method and variant (those not yet checked on CUDA first) instead of a family each.
+`--methods all` checks every method and variant (those not yet checked on CUDA first) instead of a family each, and
+`--methods M...` the methods named; `--stages S,S` runs only the stages named (conv-forms, blocks, ...).
 
 `--smoke` (with `--device cpu`) runs the same code in miniature (FedAvg's check, digits): the suite runs it.
 """
@@ -139,10 +140,20 @@ def main() -> None:
         default=max(1, min(len(CHECK_METHODS) + 1, (os.cpu_count() or 2) // 2)),
         help="correctness checks compiling at once (default: half the CPU cores)",
     )
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        help="the methods the correctness stage checks: `all`, or names (default: a family each, CHECK_METHODS)",
+    )
+    ap.add_argument(
+        "--stages",
+        default=",".join(s.replace(" ", "-") for s in SHARES),
+        help="which stages this command runs, comma-separated, in the order above (default: all)",
+    )
     args = ap.parse_args()
     if not args.smoke and not args.data:
         ap.error("--data DIR (Fashion-MNIST's idx .gz files) is needed unless --smoke")
-    args.stages, args.speed_methods, args.engine = ",".join(SHARES), SPEED_METHODS, "compiled"
+    args.speed_methods, args.engine = SPEED_METHODS, "compiled"
     # trial 1 compiles from nothing: this command's programs go to a cache of its own (its workers inherit it)
     if not args.smoke:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu-check-compile-cache-")
@@ -156,7 +167,8 @@ def main() -> None:
         "blocks": lambda d: blocks(c, d),
     }
     for name, run in stages.items():
-        c.stage(name, run)
+        if name in c.stages:
+            c.stage(name, run)
     print(f"summary: {c.out / 'summary.md'}")
 
 
