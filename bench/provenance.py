@@ -5,26 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
-
-def commit() -> str:
-    """The checkout's commit, with "+changes" where its tracked files differ from it ("" outside a git checkout)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return head + ("+changes" if dirty else "")
+from tuner.tuned import checkout_commit as commit  # noqa: E402
 
 
 def machine() -> str:

@@ -14,20 +14,33 @@ from tuner.config import absolute_settings
 from tuner.errors import UserError
 from tuner.files import user_path
 
+ROSTER = "roster"  # every method and variant at one data setting: no published numbers, a comparison of our own
+
 
 def cells(
-    table: str, datasets: list[str] | None = None, methods: list[str] | None = None, data_dir: str | None = None
+    table: str,
+    datasets: list[str] | None = None,
+    methods: list[str] | None = None,
+    data_dir: str | None = None,
+    settings: dict | None = None,
 ) -> tuple[list[dict], list[str]]:
     """The runnable cells of `table`, and a sentence for each cell or method left out. A method of one's
-    own among `methods` (a file, module or installed name) runs in every data setting of the table."""
+    own among `methods` (a file, module or installed name) runs in every data setting of the table. The `roster`
+    is every method and variant (or `methods`) at the one data setting `settings` name."""
     from algorithms import METHODS
     from tuner.plugins import canonical, method_class
 
-    if table not in papers.TABLES:
-        raise UserError(f"Unknown table '{table}'; choose one of {', '.join(papers.TABLES)}.")
+    if table not in papers.TABLES and table != ROSTER:
+        raise UserError(f"Unknown table '{table}'; choose {ROSTER} or one of {', '.join(papers.TABLES)}.")
     own = [canonical(m) for m in methods or [] if m not in METHODS]
     for m in own:
         method_class(m)  # checked before anything runs
+    if table == ROSTER:
+        dataset = str((settings or {}).get("dataset", "fmnist"))
+        available = _available(dataset, data_dir)
+        if available is not True:
+            return [], [f"{dataset}: {available}"]
+        return [{"method": m} for m in (methods and [canonical(m) for m in methods] or METHODS)], []
     paper_name, table_name = papers.TABLES[table].paper, papers.TABLES[table].name
     published = papers.load_tables()
     rows = published[(published["paper"] == paper_name) & (published["table"] == table_name)]
@@ -59,6 +72,13 @@ def cells(
         }
         out += [cell for cell in ({"method": m, **setting} for m in wanted) if cell not in out]
     return out, sorted(set(skipped))
+
+
+def paper_rounds(table: str) -> int:
+    """The rounds of `table`'s paper; the roster has none of its own."""
+    if table not in papers.TABLES:
+        raise UserError(f"The {table} has no paper's length; give --rounds.")
+    return papers.PAPERS[papers.TABLES[table].paper].rounds
 
 
 def _available(dataset: str, data_dir: str | None) -> bool | str:
@@ -94,11 +114,11 @@ def reproduce(
     from tuner.sweep.stopping import stoppers
 
     settings = absolute_settings(settings or {})
-    todo, skipped = cells(table, datasets, methods, settings.get("data_dir"))
+    todo, skipped = cells(table, datasets, methods, settings.get("data_dir"), settings)
     if not todo:
         raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
-    paper_name = papers.TABLES[table].paper
-    rounds = papers.PAPERS[paper_name].rounds if rounds is None else rounds
+    rounds = paper_rounds(table) if rounds is None else rounds
+    paper_name = papers.TABLES[table].paper if table in papers.TABLES else None
     sweep_dir = user_path(storage) / table  # absolute before Ray sees it
     if not resume and (sweep_dir / "reproduce").exists():
         raise UserError(

@@ -91,11 +91,21 @@ SET_HELP = (
 )
 
 
-def make_config(method: str, config: Path | None, options: dict, sets: list[str]) -> RunConfig:
-    """The resolved run: a YAML file, then the options typed, then --set, each value blamed on where it was typed."""
-    layers = [(str(config), load_yaml(config))] if config is not None else []
+def make_config(
+    method: str, config: Path | None, options: dict, sets: list[str], tuned: str | None = None
+) -> RunConfig:
+    """The resolved run: tuned settings, a YAML file, then the options typed, then --set, each value blamed on where
+    it was typed."""
+    typed = parse_set(sets)
+    layers = []
+    if tuned is not None:
+        from tuner.plugins import method_class
+        from tuner.tuned import read_tuned
+
+        layers.append(read_tuned(method_class(method).name, tuned, {**options, **typed}))
+    layers += [(str(config), load_yaml(config))] if config is not None else []
     layers += [(f"--{name}", {name: value}) for name, value in options.items() if value is not None]
-    return resolve_layers(method, layers + [("--set", parse_set(sets))])
+    return resolve_layers(method, layers + [("--set", typed)])
 
 
 def at_least(option: str, value: int | None, low: int) -> None:

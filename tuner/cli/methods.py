@@ -28,16 +28,18 @@ def methods(
 
     from algorithms import METHODS
     from tuner.plugins import installed_methods
+    from tuner.tuned import tuned_settings
 
     table = Table(title="Methods (tuner run NAME --set hyperparameter=value; your own: tuner run FILE.py:CLASS)")
     table.add_column("name", no_wrap=True)  # what a user types: never broken over lines
-    for col in ("paper name", "paper", "follows", "shared", "hyperparameters (defaults)"):
+    for col in ("paper name", "paper", "follows", "shared", "hyperparameters (defaults)", "tuned for (--tuned)"):
         table.add_column(col)
-    installed = installed_methods()
+    installed, tuned = installed_methods(), tuned_settings()
     for name in [*METHODS, *installed]:
         cls = method_class(name)
         hp = ", ".join(f"{k}={v}" for k, v in asdict(cls.Hparams()).items()) or "-"
         where = f" (from {installed[name].value})" if name in installed else ""
         shared = " ".join(p.rstrip(".") for p in cls.shared) or "-"
-        table.add_row(name, cls.title + where, cls.paper or "-", cls.source or "-", shared, hp)
+        settings = " ".join(tuned.get(cls.name, [])) or "-"
+        table.add_row(name, cls.title + where, cls.paper or "-", cls.source or "-", shared, hp, settings)
     console.print(table)

@@ -69,6 +69,11 @@ def run(
         callback=absolute,
         help="Replay settings round by round from this file [--rounds default: its last round].",
     ),
+    tuned: str | None = typer.Option(
+        None,
+        help="Start from the settings tuned for METHOD at this setting (`tuner methods` lists them), e.g. "
+        "fmnist-dir0.1-20c-cnn4; options and --set go over them.",
+    ),
 ):
     """Run one federated simulation and write its per-round metrics."""
     from tuner.run import RunDir
@@ -87,7 +92,7 @@ def run(
         cfg = replace(cfg, rounds=cfg.rounds if rounds is None else rounds)
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
-        cfg = make_config(method, config, opts, set_)
+        cfg = make_config(method, config, opts, set_, tuned)
     table = None if schedule is None else load_schedule(schedule, cfg)
     if table is not None and rounds is None and not resume:
         cfg = replace(cfg, rounds=len(table))

@@ -153,7 +153,9 @@ def sweep(
 @user_errors
 def reproduce(
     table: str = typer.Argument(
-        ..., help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, fedpac-table2, ... (see --help)."
+        ...,
+        help="Paper table: gpfl-table1, gpfl-table6, fedcp-table2, fedpac-table1, ...; or roster: every method at the "
+        "setting --set names.",
     ),
     seeds: int = typer.Option(3, help="Seeds per cell (the papers report mean ± std over 3 or 5)."),
     vary_partition: bool = typer.Option(
@@ -188,15 +190,28 @@ def reproduce(
     address: str | None = typer.Option(None, help=ADDRESS_HELP),
     resume: bool = typer.Option(False, help="Continue an interrupted reproduction."),
     verbose: bool = typer.Option(False, help=VERBOSE_HELP),
+    tune: bool = typer.Option(
+        False, help="Tune every method at the same budget, then rerun best and defaults on fresh seeds (below)."
+    ),
+    trials: int = typer.Option(20, help="With --tune: trials of each method's search."),
+    space_dir: Path = typer.Option(
+        Path("search_spaces"), callback=absolute, help="With --tune: where each method's space file is (METHOD.yaml)."
+    ),
+    sampler: str = typer.Option("tpe", help="With --tune: the Optuna sampler every search uses, seeded alike."),
+    grace: int | None = typer.Option(None, help="With --tune: ASHA's grace period in rounds [default: rounds / 4]."),
+    tuned_dir: Path = typer.Option(
+        Path("results/tuned"), callback=absolute, help="With --tune: where the tuned settings files go."
+    ),
 ):
     """Run every cell of a paper's table that the local data allows, with several seeds, then print the table."""
     from tuner.report.write import report as build_report
-    from tuner.reproduce import reproduce as run_reproduction
     from tuner.sweep.cluster import Resources
 
-    at_least("--seeds", seeds, 1)
+    at_least("--seeds", seeds, 2 if tune else 1)
     at_least("--rounds", rounds, 1)
     at_least("--patience", patience, 1)
+    at_least("--trials", trials, 1)
+    at_least("--grace", grace, 1)
     res = Resources(
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,
@@ -204,27 +219,43 @@ def reproduce(
         address=address,
         verbose=verbose,
     )
-    sweep_dir, skipped = run_reproduction(
-        table,
-        storage,
-        res,
-        seeds=seeds,
-        rounds=rounds,
-        datasets=dataset,
-        methods=method,
-        patience=patience,
-        settings=parse_set(set_),
-        vary_partition=vary_partition,
-        resume=resume,
-    )
+    common = dict(rounds=rounds, datasets=dataset, methods=method, patience=patience, settings=parse_set(set_))
+    if tune:
+        from tuner.fair import reproduce_tuned
+
+        if vary_partition:
+            raise UserError("--tune pairs every method's runs over seeds of one partition; drop --vary-partition.")
+        sweep_dir, skipped = reproduce_tuned(
+            table,
+            storage,
+            res,
+            trials=trials,
+            seeds=seeds,
+            space_dir=space_dir,
+            sampler=sampler,
+            grace=grace,
+            tuned_dir=tuned_dir,
+            resume=resume,
+            **common,
+        )
+    else:
+        from tuner.reproduce import reproduce as run_reproduction
+
+        sweep_dir, skipped = run_reproduction(
+            table, storage, res, seeds=seeds, vary_partition=vary_partition, resume=resume, **common
+        )
     for reason in skipped:
         err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
     from tuner.papers import TABLES
 
     result = build_report([sweep_dir], sweep_dir / "report")
     tables = result["tables"]
-    paper_name, table_name = TABLES[table].paper, TABLES[table].name
-    print_tables(
-        tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables
-    )
+    if table in TABLES:
+        paper_name, table_name = TABLES[table].paper, TABLES[table].name
+        print_tables(
+            tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables
+        )
+    if tune:
+        console.print(f"every method tuned at the same budget: {sweep_dir / 'report' / 'fair.md'}", markup=False)
+        console.print(f"tuned settings: {tuned_dir} (tuner run METHOD --tuned SETTING)", markup=False)
     console.print(f"tables and plots in {sweep_dir / 'report'}")

@@ -43,7 +43,7 @@ NOT_CONFIGURATION = (
     "data_dir",
     "download",
 )
-FINAL_STAGES = ("seeds", "reproduce")  # runs made to be reported, not to be searched over
+FINAL_STAGES = ("seeds", "reproduce", "defaults")  # runs made to be reported (a tuned comparison's defaults too)
 POPULATION = tuple(name for name, s in SCHEDULERS.items() if s.hands_states)  # trials take other trials' states
 
 

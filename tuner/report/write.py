@@ -14,6 +14,7 @@ from tuner import papers
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
 from tuner.report.best import best_configs, best_markdown, best_schedules, schedule_markdown
+from tuner.report.fair import fair_latex, fair_markdown, fair_tables, plot_fair
 from tuner.report.plots import plot_curves, plot_schedule, plot_sweeps
 from tuner.report.runs import SELECTION, find_runs, summarize
 from tuner.report.tables import agreement, paper_cell, paper_tables, render
@@ -72,6 +73,14 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
                 ]
             write_text_atomic(stage / "best.md", text)
             written += [stage / "best.parquet", stage / "best.md"]
+        fair_methods, fair_columns = fair_tables(summaries)
+        if not fair_methods.empty:  # a tuned comparison's: every method at defaults and tuned, paired over seeds
+            write_atomic(stage / "fair.parquet", lambda p: fair_methods.to_parquet(p, index=False))
+            write_atomic(stage / "fair_columns.parquet", lambda p: fair_columns.to_parquet(p, index=False))
+            write_text_atomic(stage / "fair.md", fair_markdown(fair_methods, fair_columns))
+            write_text_atomic(stage / "fair.tex", fair_latex(fair_methods))
+            written += [stage / f for f in ("fair.parquet", "fair_columns.parquet", "fair.md", "fair.tex")]
+            written += plot_fair(fair_methods, stage)
         written += plot_curves(runs, summaries, stage) + plot_sweeps(runs, summaries, stage)
         for made in written:
             os.replace(made, out / made.name)
@@ -85,6 +94,7 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
         "unselectable": missing,
         "unreadable": unreadable,
         "tables": tables,
+        "fair": (fair_methods, fair_columns),
         "best": best,
         "summaries": summaries,
         "files": written,

@@ -202,7 +202,12 @@ def worker_rounds(
     request: dict[str, float], trials: int, rounds: int, max_concurrent: int | None, cluster: dict
 ) -> int:
     """The rounds one worker runs in a stage: its share of the trials (Tune reuses workers, and their programs)."""
+    return rounds * math.ceil(trials / min(trial_slots(request, max_concurrent, cluster), trials))
+
+
+def trial_slots(request: dict[str, float], max_concurrent: int | None, cluster: dict) -> int:
+    """How many trials of this request run at once on the cluster."""
     workers = int(cluster.get("CPU", 1) // request["cpu"])
     if request["gpu"]:
         workers = min(workers, int(cluster.get("GPU", 0) // request["gpu"]))
-    return rounds * math.ceil(trials / max(1, min(workers, max_concurrent or workers, trials)))
+    return max(1, min(workers, max_concurrent or workers))

@@ -1,0 +1,222 @@
+"""`tuner reproduce TABLE --tune`: every method of the table's cells tuned at the same budget, the comparison the
+papers did not make (they tune their own method and run the baselines at their defaults).
+
+Each cell's method gets the same search: its space file's `search` alone (the file's fixed settings give way to the
+cell's), one sampler with one seed, the same trials, rounds, ASHA grace and patience, selection by validation
+accuracy. Its best configuration is rerun with fresh seeds, and the method's paper defaults run with the same
+seeds, so that each gain is paired over seeds. Under STORAGE/TABLE-tuned:
+
+    defaults/                  every cell at its defaults, seeds 1..S (the searches run seed 0)
+    search/SETTING/METHOD/     the cell's search and seed reruns (tuner sweep's search/ and seeds/), its space.yaml
+    comparison.yaml            what was asked, the wall time and the trial slots (the share spent training)
+
+Every stage resumes (`--resume`) and stops cleanly on Ctrl-C; each best configuration is written as a tuned settings
+file (tuner/tuned.py) as soon as its cell is done.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from tuner.config import absolute_settings, resolve_layers
+from tuner.errors import UserError
+from tuner.files import folder_lock, read_mapping, user_path, write_text_atomic
+from tuner.report.fair import COMPARISON_FILE
+from tuner.report.runs import NOT_CONFIGURATION
+from tuner.reproduce import cells, paper_rounds
+from tuner.tuned import DATA_SETTINGS, checkout_commit, file_hash, setting_name, write_tuned
+
+DEFAULTS_STAGE = "defaults"
+VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
+
+
+def space_file(method: str, space_dir: Path) -> Path:
+    """The method's space file in `space_dir`, else its family's (a variant searches its method's space)."""
+    from tuner.plugins import method_class
+
+    cls = method_class(method)
+    for name in dict.fromkeys([cls.name, cls.family or cls.name]):
+        path = space_dir / f"{name}.yaml"
+        if path.exists():
+            return path
+    raise UserError(
+        f"No space file for {cls.name} in {space_dir}; write {space_dir / (cls.name + '.yaml')} (a `search:` "
+        "mapping, docs/sweeps.md) or pass --space-dir."
+    )
+
+
+def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict):
+    """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
+    selection, written to folder/space.yaml (what ran, whatever the source file becomes)."""
+    from tuner.space import load_space
+
+    search = read_mapping(source, "Space file").get("search")
+    if not search:
+        raise UserError(f"{source} has no `search:` mapping; a tuned comparison searches what it names.")
+    stop = {k: asked[k] for k in ("grace", "patience") if asked.get(k)}
+    derived = {
+        "method": method,
+        "search": search,
+        "sampler": asked["sampler"],
+        "samples": asked["trials"],
+        "select": "val",
+        **({"stop": stop} if stop else {}),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    header = f"# the search of {source} (sha256 {file_hash(source)}) under the comparison's budget\n"
+    write_text_atomic(folder / "space.yaml", header + yaml.safe_dump(derived, sort_keys=False))
+    return load_space(folder / "space.yaml", method, settings={**asked["settings"], **cell})
+
+
+def reproduce_tuned(
+    table: str,
+    storage: Path,
+    res,
+    *,
+    trials: int,
+    seeds: int,
+    rounds: int | None,
+    datasets=None,
+    methods=None,
+    space_dir: Path,
+    sampler: str = "tpe",
+    grace: int | None = None,
+    patience: int | None = None,
+    settings: dict | None = None,
+    tuned_dir: Path,
+    resume: bool = False,
+) -> tuple[Path, list[str]]:
+    """Tune every runnable cell of `table` at one budget; returns the comparison's folder and what was left out."""
+    from ray import tune
+
+    from tuner.sweep.cluster import check_request, start_ray, trial_resources, trial_slots
+    from tuner.sweep.stages import run_stage, seed_grid, sweep
+    from tuner.sweep.stopping import stoppers
+
+    settings = absolute_settings(settings or {})
+    todo, skipped = cells(table, datasets, methods, settings.get("data_dir"), settings)
+    if not todo:
+        raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
+    rounds = paper_rounds(table) if rounds is None else rounds
+    grace = max(1, rounds // 4) if grace is None else grace
+    if grace > rounds:
+        raise UserError(f"--grace ({grace}) exceeds the runs' {rounds} rounds.")
+    common = {"rounds": rounds, "val_frac": VAL_FRAC, **settings}
+    first = int(common.get("seed", 0)) + 1  # the searches run the settings' seed; the reruns the next ones
+    asked = {
+        "table": table,
+        "trials": trials,
+        "seeds": list(range(first, first + seeds)),
+        "rounds": rounds,
+        "sampler": sampler,
+        "grace": grace,
+        "patience": patience,
+        "space_dir": str(space_dir),
+        "settings": common,
+    }
+    sources = {c["method"]: space_file(c["method"], space_dir) for c in todo}  # all found before anything runs
+    top = user_path(storage) / f"{table}-tuned"
+    record = top / COMPARISON_FILE
+    if not resume and record.exists():
+        raise UserError(f"{top} already holds this comparison; pass --resume to continue it, or another --storage.")
+    check_request(res)
+    with folder_lock(top, "The comparison", "choose another --storage"):
+        earlier = yaml.safe_load(record.read_text()) if record.exists() else {}
+        if earlier and earlier.get("asked") != asked:
+            raise UserError(
+                f"{top} was started with other settings ({_first_change(earlier.get('asked') or {}, asked)}); "
+                "resume it with the same options, or choose another --storage."
+            )
+        wall, t0 = float(earlier.get("wall_s", 0.0)), time.monotonic()
+        start_ray(res)
+        import ray
+
+        slots = trial_slots(trial_resources(res), res.max_concurrent, ray.cluster_resources())
+
+        def note(done: list[str]) -> None:  # written as each part ends: a stop keeps the time spent so far
+            text = yaml.safe_dump(
+                {"asked": asked, "wall_s": wall + time.monotonic() - t0, "slots": slots, "done": done}, sort_keys=False
+            )
+            write_text_atomic(record, text)
+
+        done: list[str] = list(earlier.get("done", []))
+        note(done)
+        if DEFAULTS_STAGE not in done:
+            run_stage(
+                top,
+                DEFAULTS_STAGE,
+                common,
+                "val",
+                1,
+                res,
+                param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
+                stopper=stoppers(patience, None),
+                samples=1,
+                expected=len(todo) * seeds,
+                rounds=rounds,
+                resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
+                extra={"table": table, "comparison": "defaults"},
+            )
+            done.append(DEFAULTS_STAGE)
+            note(done)
+        for cell in todo:
+            cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])
+            folder = top / "search" / setting_name(vars(cfg)) / cfg.method
+            key = str(folder.relative_to(top))
+            if key in done:
+                continue
+            space = fair_space(cell["method"], sources[cell["method"]], folder, cell, asked)
+            summary = sweep(space, folder, res, seeds=seeds, resume=(folder / "search").exists())
+            tuned = {
+                k: v
+                for k, v in {**common, **cell, **summary["best_config"]}.items()
+                if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
+            }
+            write_tuned(
+                tuned_dir,
+                cfg.method,
+                {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
+                {
+                    "table": table,
+                    "space": shown_path(sources[cell["method"]]),
+                    "space_sha256": file_hash(sources[cell["method"]]),
+                    "sampler": sampler,
+                    "sampler_seed": cfg.seed,
+                    "trials": trials,
+                    "rounds": rounds,
+                    "grace": grace,
+                    "patience": patience,
+                    "rounds_trained": rounds_trained(folder / "search"),
+                    "selected_by": "val",
+                    "val_acc": summary["best"].get("best_val_acc"),
+                    "seeds": asked["seeds"],
+                    "seeds_test_acc": summary.get("seeds", []),
+                    "comparison": str(top),
+                    "commit": checkout_commit(),
+                },
+            )
+            done.append(key)
+            note(done)
+    return top, skipped
+
+
+def rounds_trained(search_dir: Path) -> int:
+    """The rounds a search trained over all its trials (each trial's last round, as its reports and rounds files
+    hold it: a trial ASHA stopped counts the rounds it ran)."""
+    from tuner.report.runs import find_runs
+
+    runs, _ = find_runs([search_dir])
+    return int(sum(r["rows"]["round"].max() for r in runs))
+
+
+def shown_path(path: Path) -> str:
+    """A path as the provenance shows it: from the current directory where it is under it."""
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _first_change(before: dict, now: dict) -> str:
+    k = next((k for k in now if before.get(k) != now[k]), "settings")
+    return f"{k}: {before.get(k)!r}, now {now[k]!r}"

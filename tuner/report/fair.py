@@ -1,0 +1,224 @@
+"""The fair table of a tuned comparison (tuner/fair.py), from the report's summary rows.
+
+Per method and data setting: test accuracy at the round validation chose, at the paper defaults and tuned (mean ±
+std over the same fresh seeds), the gain with its 95 % interval paired over those seeds, the rank at defaults and
+tuned, and the budget its search spent (trials, rounds trained). Per setting: Kendall's τ between the two rankings,
+whether the paper's own method is first at defaults and tuned, and its difference to the runner-up with the
+interval. An interval that covers 0 is written "not distinguishable". Per comparison: the share of its trial slots'
+wall time spent training (the rest is starting trials, importing, Tune's bookkeeping).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from scipy import stats
+
+from tuner import papers
+from tuner.report.intervals import Difference, difference
+from tuner.tuned import DATA_SETTINGS, setting_name
+
+COMPARISON_FILE = "comparison.yaml"  # tuner/fair.py's record, at the comparison's root
+
+
+def comparison_root(experiment: str) -> Path | None:
+    """The tuned comparison an experiment folder belongs to (its defaults stage, or a cell's search or seeds)."""
+    for folder in Path(experiment).parents if experiment else []:
+        if (folder / COMPARISON_FILE).exists():
+            return folder
+    return None
+
+
+def fair_tables(summaries: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per method and setting, per setting) over every tuned comparison among the summaries; empty without one."""
+    roots = summaries["experiment"].map(lambda e: comparison_root(e) if e else None)
+    methods, columns = [], []
+    for root in sorted({r for r in roots if r is not None}):
+        record = yaml.safe_load((root / COMPARISON_FILE).read_text()) or {}
+        ours = summaries[roots == root].assign(setting=lambda d: [setting_name(r) for r in d.to_dict("records")])
+        table = record.get("asked", {}).get("table", "")
+        for setting, runs in ours.groupby("setting", sort=True):
+            rows = [_method_row(method, group) for method, group in runs.groupby("method", sort=True)]
+            frame = pd.DataFrame(rows).assign(comparison=str(root), table=table, setting=setting)
+            frame["rank_defaults"] = frame["defaults_mean"].rank(ascending=False, method="min")
+            frame["rank_tuned"] = frame["tuned_mean"].rank(ascending=False, method="min")
+            methods.append(frame)
+            columns.append(_column_row(frame, runs, record, table, setting, root))
+    if not methods:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.concat(methods, ignore_index=True), pd.DataFrame(columns)
+
+
+def _method_row(method: str, runs: pd.DataFrame) -> dict:
+    by_seed = {
+        stage: runs[runs["stage"] == stage].dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]
+        for stage in ("defaults", "seeds")
+    }
+    seeds = sorted(set(by_seed["defaults"].index) & set(by_seed["seeds"].index))
+    defaults, tuned = by_seed["defaults"].loc[seeds].tolist(), by_seed["seeds"].loc[seeds].tolist()
+    gain = difference(tuned, defaults, paired=True) if len(seeds) > 1 else Difference(math.nan, math.nan, math.nan)
+    search = runs[runs["stage"] == "search"]
+    return {
+        "method": method,
+        "title": runs["title"].iloc[0],
+        "seeds": len(seeds),
+        "defaults_mean": 100 * _mean(defaults),
+        "defaults_std": 100 * _std(defaults),
+        "tuned_mean": 100 * _mean(tuned),
+        "tuned_std": 100 * _std(tuned),
+        "gain": 100 * gain.mean,
+        "gain_low": 100 * gain.low,
+        "gain_high": 100 * gain.high,
+        "distinguishable": gain.distinguishable,
+        "search_trials": len(search),
+        "search_rounds": int(search["rounds_run"].sum()),
+        "train_s": float(runs["time_s"].sum()),
+        "tuned_accs": tuned,
+    }
+
+
+def _column_row(frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: str, setting: str, root: Path) -> dict:
+    ranked = frame.dropna(subset=["defaults_mean", "tuned_mean"])
+    tau = stats.kendalltau(ranked["defaults_mean"], ranked["tuned_mean"]).statistic if len(ranked) > 2 else math.nan
+    paper = papers.TABLES[table].paper if table in papers.TABLES else None
+    own = papers.PAPERS[paper].proposes[0] if paper and papers.PAPERS[paper].proposes else None
+    out = {
+        "comparison": str(root),
+        "table": table,
+        "setting": setting,
+        **{k: runs[k].iloc[0] for k in DATA_SETTINGS},
+        "methods": len(ranked),
+        "kendall_tau": float(tau),
+        "own_method": own or "",
+        "own_first_defaults": None,
+        "own_first_tuned": None,
+        "runner_up": "",
+        "to_runner_up": math.nan,
+        "to_runner_up_low": math.nan,
+        "to_runner_up_high": math.nan,
+        "training_share": _training_share(runs, record),
+        "wall_s": float(record.get("wall_s", math.nan)),
+    }
+    if own in set(ranked["method"]) and len(ranked) > 1:
+        first = ranked.set_index("method")
+        out["own_first_defaults"] = bool(first.at[own, "rank_defaults"] == 1)
+        out["own_first_tuned"] = bool(first.at[own, "rank_tuned"] == 1)
+        others = ranked[ranked["method"] != own].sort_values("tuned_mean", ascending=False)
+        runner = others.iloc[0]
+        mine = first.at[own, "tuned_accs"]
+        if len(mine) == len(runner["tuned_accs"]) > 1:
+            d = difference(mine, runner["tuned_accs"], paired=True)
+            out |= {"to_runner_up": 100 * d.mean, "to_runner_up_low": 100 * d.low, "to_runner_up_high": 100 * d.high}
+        out["runner_up"] = runner["method"]
+    return out
+
+
+def _training_share(runs: pd.DataFrame, record: dict) -> float:
+    """Seconds the comparison's trials trained over the seconds its trial slots were held (wall time × slots)."""
+    held = float(record.get("wall_s", 0)) * int(record.get("slots", 1))
+    return float(runs["time_s"].sum() / held) if held > 0 else math.nan
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _std(values: list[float]) -> float:
+    return float(pd.Series(values).std(ddof=0)) if values else math.nan
+
+
+def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
+    """A table per setting, and under it what tuning moved and how sure that is."""
+    parts = []
+    for col in columns.itertuples():
+        t = methods[(methods["comparison"] == col.comparison) & (methods["setting"] == col.setting)]
+        t = t.sort_values(["rank_tuned", "method"])
+        body = pd.DataFrame(
+            {
+                "method": t["title"],
+                "defaults": [f"{m:.2f} ± {s:.2f}" for m, s in zip(t["defaults_mean"], t["defaults_std"], strict=True)],
+                "tuned": [f"{m:.2f} ± {s:.2f}" for m, s in zip(t["tuned_mean"], t["tuned_std"], strict=True)],
+                "gain (95 % interval)": [_interval(r.gain, r.gain_low, r.gain_high) for r in t.itertuples()],
+                "rank defaults → tuned": [
+                    f"{_rank(a)} → {_rank(b)}" for a, b in zip(t["rank_defaults"], t["rank_tuned"], strict=True)
+                ],
+                "search trials / rounds": [
+                    f"{a} / {b}" for a, b in zip(t["search_trials"], t["search_rounds"], strict=True)
+                ],
+            }
+        )
+        seeds = sorted(set(t["seeds"]))
+        lines = [
+            f"Kendall's τ between the rankings at defaults and tuned: {col.kendall_tau:.2f}"
+            if not math.isnan(col.kendall_tau)
+            else "Too few methods for Kendall's τ."
+        ]
+        if col.own_first_tuned is not None:
+            title = papers.TABLES[col.table].paper
+            lines.append(
+                f"{title} first at defaults: {'yes' if col.own_first_defaults else 'no'}; tuned: "
+                f"{'yes' if col.own_first_tuned else 'no'}; tuned, against the best other ({col.runner_up}): "
+                + _interval(col.to_runner_up, col.to_runner_up_low, col.to_runner_up_high)
+            )
+        if not math.isnan(col.training_share):
+            lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
+        parts.append(
+            f"### {col.setting} ({col.table}; seeds {', '.join(map(str, seeds))} paired)\n\n"
+            + body.to_markdown(index=False)
+            + "\n\n"
+            + "\n".join(f"- {line}" for line in lines)
+            + "\n"
+        )
+    note = (
+        "Test accuracy (%) at the round the validation split chose, mean ± std over the same seeds at the paper "
+        "defaults and tuned; a gain whose interval covers 0 is not distinguishable from none.\n\n"
+    )
+    return note + "\n".join(parts)
+
+
+def fair_latex(methods: pd.DataFrame) -> str:
+    cols = ["setting", "title", "defaults_mean", "defaults_std", "tuned_mean", "tuned_std", "gain", "gain_low"]
+    frame = methods[[*cols, "gain_high", "rank_defaults", "rank_tuned"]].round(2)
+    return frame.to_latex(index=False, caption="Every method tuned at the same budget", escape=True)
+
+
+def _interval(mean: float, low: float, high: float) -> str:
+    if math.isnan(mean):
+        return "—"
+    if math.isnan(low):
+        return f"{mean:+.2f} (one seed: no interval)"
+    verdict = "" if low > 0 or high < 0 else ", not distinguishable"
+    return f"{mean:+.2f} ({low:+.2f} to {high:+.2f}{verdict})"
+
+
+def _rank(r: float) -> str:
+    return "—" if math.isnan(r) else str(int(r))
+
+
+def plot_fair(methods: pd.DataFrame, out: Path) -> list[Path]:
+    """Per setting, each method's defaults and tuned accuracy with their spread over seeds."""
+    import matplotlib.pyplot as plt
+
+    from tuner.files import write_atomic
+
+    files = []
+    for setting, t in methods.groupby("setting"):
+        t = t.sort_values("tuned_mean")
+        fig, ax = plt.subplots(figsize=(7, 0.3 * len(t) + 1.5))
+        y = range(len(t))
+        ax.errorbar(t["defaults_mean"], y, xerr=t["defaults_std"], fmt="o", label="defaults", color="0.5")
+        ax.errorbar(t["tuned_mean"], y, xerr=t["tuned_std"], fmt="o", label="tuned", color="C0")
+        ax.set_yticks(list(y), t["title"])
+        ax.set_xlabel("test accuracy (%) at the validation-chosen round")
+        ax.set_title(f"{setting}: every method tuned at the same budget")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        path = out / f"fair-{setting}.png"
+        write_atomic(path, partial(fig.savefig, dpi=110, format="png"))
+        plt.close(fig)
+        files.append(path)
+    return files
