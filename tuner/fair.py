@@ -6,12 +6,15 @@ cell's), one sampler with one seed, the same trials, rounds, ASHA grace and pati
 accuracy. Its best configuration is rerun with fresh seeds, and the method's paper defaults run with the same
 seeds, so that each gain is paired over seeds. Under STORAGE/TABLE-tuned:
 
-    defaults/                  every cell at its defaults, seeds 1..S (the searches run seed 0)
-    search/SETTING/METHOD/     the cell's search and seed reruns (tuner sweep's search/ and seeds/), its space.yaml
-    comparison.yaml            what was asked, the wall time and the trial slots (the share spent training)
+    defaults/          every cell at its defaults, seeds 1..S (the searches run seed 0)
+    search/            every cell's search, one Tune experiment: an Optuna study and an ASHA a cell
+                       (tuner/sweep/cells.py), the cells' trials sharing the slots
+    seeds/             every cell's best configuration, seeds 1..S
+    spaces/METHOD.yaml what each method's search was
+    comparison.yaml    what was asked, each cell's best, the wall time and the trial slots (the share spent training)
 
-Every stage resumes (`--resume`) and stops cleanly on Ctrl-C; each best configuration is written as a tuned settings
-file (tuner/tuned.py) as soon as its cell is done.
+Each stage resumes (`--resume`) and stops cleanly on Ctrl-C; the best configurations are written as tuned settings
+files (tuner/tuned.py) once their seeds are in.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tuner.files import folder_lock, read_mapping, user_path, write_text_atomic
 from tuner.report.fair import COMPARISON_FILE
 from tuner.report.runs import NOT_CONFIGURATION
 from tuner.reproduce import cells, paper_rounds
-from tuner.tuned import DATA_SETTINGS, checkout_commit, file_hash, setting_name, write_tuned
+from tuner.tuned import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
 
 DEFAULTS_STAGE = "defaults"
 VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
@@ -50,7 +53,7 @@ def space_file(method: str, space_dir: Path) -> Path:
 
 def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict):
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
-    selection, written to folder/space.yaml (what ran, whatever the source file becomes)."""
+    selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
     from tuner.space import load_space
 
     search = read_mapping(source, "Space file").get("search")
@@ -67,8 +70,8 @@ def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict)
     }
     folder.mkdir(parents=True, exist_ok=True)
     header = f"# the search of {source} (sha256 {file_hash(source)}) under the comparison's budget\n"
-    write_text_atomic(folder / "space.yaml", header + yaml.safe_dump(derived, sort_keys=False))
-    return load_space(folder / "space.yaml", method, settings={**asked["settings"], **cell})
+    write_text_atomic(folder / f"{method}.yaml", header + yaml.safe_dump(derived, sort_keys=False))
+    return load_space(folder / f"{method}.yaml", method, settings={**asked["settings"], **cell})
 
 
 def reproduce_tuned(
@@ -92,8 +95,12 @@ def reproduce_tuned(
     """Tune every runnable cell of `table` at one budget; returns the comparison's folder and what was left out."""
     from ray import tune
 
+    from tuner.selection import SCORE, best_of, started, trial_score
+    from tuner.sweep.cells import CellSchedulers, CellSearches, cell_key
     from tuner.sweep.cluster import check_request, start_ray, trial_resources, trial_slots
-    from tuner.sweep.stages import run_stage, seed_grid, sweep
+    from tuner.sweep.recovery import StoppableOptunaSearch
+    from tuner.sweep.schedulers import asha
+    from tuner.sweep.stages import run_stage, seed_grid
     from tuner.sweep.stopping import stoppers
 
     settings = absolute_settings(settings or {})
@@ -136,14 +143,18 @@ def reproduce_tuned(
 
         slots = trial_slots(trial_resources(res), res.max_concurrent, ray.cluster_resources())
 
+        found: dict[str, dict] = dict(earlier.get("best", {}))  # each cell's best, as its search found it
+
         def note(done: list[str]) -> None:  # written as each part ends: a stop keeps the time spent so far
+            wall_s = wall + time.monotonic() - t0
             text = yaml.safe_dump(
-                {"asked": asked, "wall_s": wall + time.monotonic() - t0, "slots": slots, "done": done}, sort_keys=False
+                {"asked": asked, "wall_s": wall_s, "slots": slots, "done": done, "best": found}, sort_keys=False
             )
             write_text_atomic(record, text)
 
         done: list[str] = list(earlier.get("done", []))
         note(done)
+        stage = dict(stopper=stoppers(patience, None), rounds=rounds, extra={"table": table, "comparison": asked})
         if DEFAULTS_STAGE not in done:
             run_stage(
                 top,
@@ -153,63 +164,107 @@ def reproduce_tuned(
                 1,
                 res,
                 param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
-                stopper=stoppers(patience, None),
                 samples=1,
                 expected=len(todo) * seeds,
-                rounds=rounds,
                 resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
-                extra={"table": table, "comparison": "defaults"},
+                **stage,
             )
             done.append(DEFAULTS_STAGE)
             note(done)
-        for cell in todo:
-            cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])
-            folder = top / "search" / setting_name(vars(cfg)) / cfg.method
-            key = str(folder.relative_to(top))
-            if key in done:
-                continue
-            space = fair_space(cell["method"], sources[cell["method"]], folder, cell, asked)
-            summary = sweep(space, folder, res, seeds=seeds, resume=(folder / "search").exists())
-            tuned = {
-                k: v
-                for k, v in {**common, **cell, **summary["best_config"]}.items()
-                if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
+        spaces = {cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in todo}
+        if "search" not in done:
+            searches = {
+                key: StoppableOptunaSearch(
+                    space=sp.search,
+                    metric=SCORE,
+                    mode="max",
+                    sampler=sp.make_sampler(sp.base_config().seed),  # one sampler, one seed, for every method
+                    points_to_evaluate=None if sp.sampler == "grid" else [sp.defaults()],
+                )
+                for key, sp in spaces.items()
             }
-            write_tuned(
-                tuned_dir,
-                cfg.method,
-                {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
-                {
-                    "table": table,
-                    "space": shown_path(sources[cell["method"]]),
-                    "space_sha256": file_hash(sources[cell["method"]]),
-                    "sampler": sampler,
-                    "sampler_seed": cfg.seed,
-                    "trials": trials,
-                    "rounds": rounds,
-                    "grace": grace,
-                    "patience": patience,
-                    "rounds_trained": rounds_trained(folder / "search"),
-                    "selected_by": "val",
-                    "val_acc": summary["best"].get("best_val_acc"),
-                    "seeds": asked["seeds"],
-                    "seeds_test_acc": summary.get("seeds", []),
-                    "comparison": str(top),
-                    "commit": checkout_commit(),
-                },
+            grid = run_stage(
+                top,
+                "search",
+                common,
+                "val",
+                1,
+                res,
+                searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
+                scheduler=CellSchedulers(lambda: asha(grace, rounds)),
+                samples=len(todo) * trials,
+                resume=tune.Tuner.can_restore(str(top / "search")),
+                **stage,
             )
-            done.append(key)
+            searched = [r for r in grid if r.metrics]
+            for key in spaces:
+                mine = [r for r in searched if cell_key(r.config["cell"]) == key]
+                best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
+                if best is None:
+                    raise UserError(f"No search trial of {key} reported a result; see the error.txt files in {top}.")
+                found[key] = {
+                    "config": {k: v for k, v in best.config.items() if k != "cell"},
+                    "val_acc": best.metrics.get("best_val_acc"),
+                    "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
+                }
+            done.append("search")
+            note(done)
+        if "seeds" not in done:
+            grid = run_stage(
+                top,
+                "seeds",
+                common,
+                "val",
+                1,
+                res,
+                param_space={
+                    "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in todo]),
+                    **seed_grid(asked["seeds"], False),
+                },
+                samples=1,
+                expected=len(todo) * seeds,
+                resume=tune.Tuner.can_restore(str(top / "seeds")),
+                **stage,
+            )
+            for c in todo:
+                cfg = resolve_layers(c["method"], [("the comparison's settings", {**common, **c})])
+                best = found[cell_key(c)]
+                tuned = {
+                    k: v
+                    for k, v in {**common, **c, **best["config"]}.items()
+                    if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
+                }
+                accs = [
+                    r.metrics.get("selected_acc")
+                    for r in grid
+                    if r.metrics and r.error is None and r.config["tuned"]["method"] == c["method"]
+                ]
+                write_tuned(
+                    tuned_dir,
+                    cfg.method,
+                    {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
+                    {
+                        "table": table,
+                        "space": shown_path(sources[c["method"]]),
+                        "space_sha256": file_hash(sources[c["method"]]),
+                        "sampler": sampler,
+                        "sampler_seed": cfg.seed,
+                        "trials": trials,
+                        "rounds": rounds,
+                        "grace": grace,
+                        "patience": patience,
+                        "rounds_trained": best["rounds_trained"],
+                        "selected_by": "val",
+                        "val_acc": best["val_acc"],
+                        "seeds": asked["seeds"],
+                        "seeds_test_acc": accs,
+                        "comparison": str(top),
+                        "commit": checkout_commit(),
+                    },
+                )
+            done.append("seeds")
             note(done)
     return top, skipped
-
-
-def rounds_trained(search_dir: Path) -> int:
-    """The rounds a search trained over all its trials (each trial's last round, as its reports and rounds files
-    hold it: a trial ASHA stopped counts the rounds it ran)."""
-    from tuner.report.runs import find_runs
-
-    runs, _ = find_runs([search_dir])
-    return int(sum(r["rows"]["round"].max() for r in runs))
 
 
 def shown_path(path: Path) -> str:

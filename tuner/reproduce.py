@@ -70,6 +70,8 @@ def cells(
             "backbone": r.backbone,
             "protocol": papers.PAPERS[paper_name].protocol,
         }
+        # what --set names holds for every cell: `--set backbone=mlp` runs the table with the MLP
+        setting = {k: v for k, v in setting.items() if k not in (settings or {})}
         out += [cell for cell in ({"method": m, **setting} for m in wanted) if cell not in out]
     return out, sorted(set(skipped))
 

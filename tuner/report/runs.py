@@ -154,7 +154,8 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
         "rows": rows,
         "select": info.get("select", "test"),
         "config": config,
-        "searched": list(sampled) if info["stage"] == "search" else [],
+        # a tuned comparison's trials carry their table cell beside the values searched
+        "searched": [k for k, v in sampled.items() if not isinstance(v, dict)] if info["stage"] == "search" else [],
         "failed": failed,
         "log_scale": info.get("log_scale"),
         "schedule": schedule,
