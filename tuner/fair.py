@@ -200,8 +200,9 @@ def reproduce_tuned(
             for key in spaces:
                 mine = [r for r in searched if cell_key(r.config["cell"]) == key]
                 best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
-                if best is None:
-                    raise UserError(f"No search trial of {key} reported a result; see the error.txt files in {top}.")
+                if best is None:  # every trial failed: the cell has no tuned configuration, the others go on
+                    found[key] = {"failed": f"no search trial reported a result (error.txt files in {top / 'search'})"}
+                    continue
                 found[key] = {
                     "config": {k: v for k, v in best.config.items() if k != "cell"},
                     "val_acc": best.metrics.get("best_val_acc"),
@@ -209,7 +210,8 @@ def reproduce_tuned(
                 }
             done.append("search")
             note(done)
-        if "seeds" not in done:
+        tuned_cells = [c for c in todo if "config" in found[cell_key(c)]]
+        if "seeds" not in done and tuned_cells:
             grid = run_stage(
                 top,
                 "seeds",
@@ -218,15 +220,15 @@ def reproduce_tuned(
                 1,
                 res,
                 param_space={
-                    "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in todo]),
+                    "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in tuned_cells]),
                     **seed_grid(asked["seeds"], False),
                 },
                 samples=1,
-                expected=len(todo) * seeds,
+                expected=len(tuned_cells) * seeds,
                 resume=tune.Tuner.can_restore(str(top / "seeds")),
                 **stage,
             )
-            for c in todo:
+            for c in tuned_cells:
                 cfg = resolve_layers(c["method"], [("the comparison's settings", {**common, **c})])
                 best = found[cell_key(c)]
                 tuned = {
