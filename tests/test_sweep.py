@@ -17,7 +17,9 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.selection import score, selection, trial_score
+from tuner.config import resolve_layers
+from tuner.report.intervals import difference
+from tuner.selection import SCORE, score, selection, trial_score
 from tuner.sweep.cluster import OWN_RAY_CONFIG
 from tuner.sweep.schedulers import asha
 from tuner.sweep.stopping import Patience, RoundBudget
@@ -878,3 +880,87 @@ def test_a_trial_worker_starts_without_importing_torch():
     code = "import sys, tuner.sweep.trainable; print(sorted({'torch', 'tuner.config'} & set(sys.modules)))"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_back(tmp_path, ray_local, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = [
+        "reproduce",
+        "roster",
+        "--tune",
+        "--method",
+        "fedavg",
+        "--method",
+        "local",
+        "--trials",
+        "3",
+        "--seeds",
+        "2",
+        "--rounds",
+        "3",
+        "--grace",
+        "1",
+        "--storage",
+        "runs",
+        "--set",
+        "dataset=digits",
+        "--set",
+        "clients=4",
+        "--space-dir",
+        str(Path(__file__).resolve().parents[1] / "search_spaces"),
+    ]
+    res = CliRunner().invoke(app, command)
+    assert res.exit_code == 0, res.output
+    top = tmp_path / "runs" / "roster-tuned"
+    search = [t["params"] for t in trials(top / "search")]
+    for method in ("fedavg", "local"):
+        mine = [p for p in search if p["cell"]["method"] == method]
+        paper = resolve_layers(method, [("test", {"dataset": "digits", "clients": 4})]).lr
+        assert len(mine) == 3 and mine[0]["lr"] == paper  # the same trials each, the paper's default tried first
+    defaults = sorted((p["cell"]["method"], p["seed"]) for p in [t["params"] for t in trials(top / "defaults")])
+    reruns = sorted((p["tuned"]["method"], p["seed"]) for p in [t["params"] for t in trials(top / "seeds")])
+    assert defaults == reruns == [("fedavg", 1), ("fedavg", 2), ("local", 1), ("local", 2)]
+
+    runs = pd.read_parquet(top / "report" / "runs.parquet")
+    fair = pd.read_parquet(top / "report" / "fair.parquet").set_index("method")
+    for method in ("fedavg", "local"):
+        by_seed = {
+            stage: runs[(runs["method"] == method) & (runs["stage"] == stage)]
+            .set_index("seed")["selected_acc"]
+            .loc[[1, 2]]
+            for stage in ("defaults", "seeds")
+        }
+        gain = difference(list(by_seed["seeds"].loc[[1, 2]]), list(by_seed["defaults"].loc[[1, 2]]), paired=True)
+        assert fair.at[method, "gain"] == pytest.approx(100 * gain.mean)
+        searched = runs[(runs["method"] == method) & (runs["stage"] == "search")]
+        tuned = yaml.safe_load((tmp_path / "results/tuned/digits-dir0.1-4c-mlp" / f"{method}.yaml").read_text())
+        assert tuned["provenance"]["rounds_trained"] == searched["rounds_run"].sum() == fair.at[method, "search_rounds"]
+        assert sorted(tuned["provenance"]["seeds_test_acc"]) == sorted(by_seed["seeds"])
+        assert tuned["settings"]["lr"] == searched.loc[searched[SCORE].idxmax(), "lr"]  # chosen by validation
+    share = pd.read_parquet(top / "report" / "fair_columns.parquet")["training_share"].iloc[0]
+    assert 0 < share < 1
+
+    # the tuned settings run as they were found; a data setting typed over them is refused
+    ran = CliRunner().invoke(app, ["run", "fedavg", "--tuned", "digits-dir0.1-4c-mlp", "--rounds", "1", "--out", "r"])
+    assert ran.exit_code == 0, ran.output
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["lr"] == tuned_lr(tmp_path, "fedavg")
+    refused = CliRunner().invoke(app, ["run", "fedavg", "--tuned", "digits-dir0.1-4c-mlp", "--partition", "iid"])
+    assert refused.exit_code == 2 and "was tuned with partition=dir:0.1, not iid" in refused.output
+    methods = CliRunner().invoke(app, ["methods"], env={"COLUMNS": "400"})
+    assert re.search(r"fedavg .*│ digits-dir0.1-4c-mlp", methods.output)
+
+    # resumed, a finished comparison runs nothing again; resumed with another budget, it is refused
+    before = len(list(top.rglob("params.json")))
+    again = CliRunner().invoke(app, [*command, "--resume"])
+    assert again.exit_code == 0, again.output
+    assert len(list(top.rglob("params.json"))) == before
+    other = CliRunner().invoke(app, [*command, "--resume", "--trials", "4"])
+    assert other.exit_code == 2 and "was started with other settings (trials: 3, now 4)" in other.output
+
+
+def tuned_lr(root: Path, method: str) -> float:
+    return yaml.safe_load((root / "results/tuned/digits-dir0.1-4c-mlp" / f"{method}.yaml").read_text())["settings"][
+        "lr"
+    ]

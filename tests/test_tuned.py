@@ -1,0 +1,156 @@
+"""Every method tuned at one budget (`tuner reproduce --tune`): the cells' searches in one experiment, the fair table,
+tuned settings files and `tuner run --tuned`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+
+from tuner.errors import UserError
+from tuner.report.intervals import difference
+
+SELECTED = "selected_acc"
+
+
+class RecordingSearch:
+    """A cell's search that hands out numbered points and records what it was told."""
+
+    def __init__(self, name: str):
+        self.name, self.results, self.completed, self.n = name, [], [], 0
+
+    def suggest(self, trial_id):
+        self.n += 1
+        return {"lr": f"{self.name}{self.n}"}
+
+    def on_trial_result(self, trial_id, result):
+        self.results.append(trial_id)
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        self.completed.append(trial_id)
+
+
+def test_the_cells_searches_take_turns_each_to_its_trials_and_hear_only_their_own_results(tmp_path):
+    from ray.tune.search import Searcher
+
+    from tuner.sweep.cells import CellSearches, cell_key
+
+    cells = {cell_key({"method": m}): {"method": m} for m in ("fedavg", "local")}
+    searches = {k: RecordingSearch(c["method"]) for k, c in cells.items()}
+    s = CellSearches(searches, cells, trials=2, metric="score", mode="max")
+    suggested = [s.suggest(f"t{i}") for i in range(5)]
+    assert suggested[:4] == [
+        {"lr": "fedavg1", "cell": {"method": "fedavg"}},
+        {"lr": "local1", "cell": {"method": "local"}},
+        {"lr": "fedavg2", "cell": {"method": "fedavg"}},
+        {"lr": "local2", "cell": {"method": "local"}},
+    ]
+    assert suggested[4] == Searcher.FINISHED
+    s.on_trial_result("t1", {"score": 1})
+    s.on_trial_complete("t2", {"score": 1})
+    fedavg, local = searches.values()
+    assert (fedavg.results, fedavg.completed, local.results, local.completed) == ([], ["t2"], ["t1"], [])
+    s.save(str(tmp_path / "searcher.pkl"))  # a resumed stage goes on where it stopped
+    again = CellSearches({}, {}, trials=0, metric="score", mode="max")
+    again.restore(str(tmp_path / "searcher.pkl"))
+    assert again.suggested == {k: 2 for k in cells} and again.suggest("t9") == Searcher.FINISHED
+
+
+def asha_verdicts(scheduler) -> list[str]:
+    """Four trials of a strong cell, then one of a weak cell, each reporting round 1 (ASHA's first rung)."""
+    scheduler.set_search_properties("score", "max")
+    verdicts = []
+    for i, (cell, score) in enumerate([("strong", 0.9)] * 4 + [("weak", 0.2)]):
+        trial = SimpleNamespace(trial_id=f"t{i}", config={"cell": {"method": cell}})
+        scheduler.on_trial_add(None, trial)
+        verdicts.append(scheduler.on_trial_result(None, trial, {"round": 1, "score": score}))
+    return verdicts
+
+
+def test_asha_compares_a_trial_only_with_its_own_cells():
+    from tuner.sweep.cells import CellSchedulers
+    from tuner.sweep.schedulers import asha
+
+    one_for_all = asha_verdicts(asha(1, 8))
+    assert one_for_all[-1] == "STOP"  # the weak cell's trial judged against the strong cell's: what must not happen
+    assert asha_verdicts(CellSchedulers(lambda: asha(1, 8)))[-1] == "CONTINUE"
+
+
+def comparison_rows(tmp_path: Path) -> pd.DataFrame:
+    """Summary rows of a made-up comparison of three methods over seeds 1..3."""
+    root = tmp_path / "roster-tuned"
+    (root / "defaults").mkdir(parents=True)
+    (root / "comparison.yaml").write_text(
+        yaml.safe_dump({"asked": {"table": "gpfl-table1"}, "wall_s": 100, "slots": 2})
+    )
+    accs = {  # method: (defaults, tuned) by seed
+        "gpfl": ([0.80, 0.82, 0.81], [0.86, 0.87, 0.85]),
+        "fedavg": ([0.70, 0.60, 0.65], [0.72, 0.58, 0.69]),
+        "local": ([0.84, 0.83, 0.85], [0.85, 0.84, 0.86]),
+    }
+    rows = []
+    for method, (defaults, tuned) in accs.items():
+        for stage, values in (("defaults", defaults), ("seeds", tuned)):
+            rows += [
+                dict(stage=stage, method=method, title=method.upper(), seed=i + 1, selected_acc=v, rounds_run=5)
+                for i, v in enumerate(values)
+            ]
+        rows += [dict(stage="search", method=method, title=method.upper(), seed=0, selected_acc=0.5, rounds_run=3)] * 2
+    frame = pd.DataFrame(rows).assign(
+        experiment=lambda d: [str(root / s) for s in d["stage"]],
+        dataset="fmnist",
+        partition="dir:0.1",
+        clients=20,
+        join_ratio="1",
+        backbone="mlp",
+        time_s=10.0,
+    )
+    return frame
+
+
+def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(tmp_path):
+    from tuner.report.fair import fair_markdown, fair_tables
+
+    methods, columns = fair_tables(comparison_rows(tmp_path))
+    by = methods.set_index("method")
+    gain = difference([0.86, 0.87, 0.85], [0.80, 0.82, 0.81], paired=True)
+    assert by.at["gpfl", "gain"] == pytest.approx(100 * gain.mean)
+    assert (by.at["gpfl", "gain_low"], by.at["gpfl", "gain_high"]) == pytest.approx((100 * gain.low, 100 * gain.high))
+    assert by.at["gpfl", "distinguishable"] and not by.at["fedavg", "distinguishable"]
+    assert (by.at["local", "rank_defaults"], by.at["local", "rank_tuned"]) == (1, 2)
+    assert (by.at["gpfl", "search_trials"], by.at["gpfl", "search_rounds"]) == (2, 6)
+    col = columns.iloc[0]
+    assert col["own_method"] == "gpfl" and not col["own_first_defaults"] and col["own_first_tuned"]
+    assert col["runner_up"] == "local" and col["kendall_tau"] == pytest.approx(1 / 3)
+    assert col["training_share"] == pytest.approx(3 * 8 * 10 / 200)  # 24 runs of 10 s in 100 s × 2 slots
+    text = fair_markdown(methods, columns)
+    assert "GPFL first at defaults: no; tuned: yes" in text and "not distinguishable" in text
+
+
+def test_a_setting_is_named_by_its_data_and_a_tuned_file_is_refused_for_another(tmp_path):
+    from tuner.tuned import read_tuned, setting_name, write_tuned
+
+    setting = dict(dataset="digits", partition="dir:0.1", clients=20, join_ratio="1", backbone="mlp")
+    assert setting_name(setting) == "digits-dir0.1-20c-mlp"
+    path = write_tuned(tmp_path, "fedavg", {**setting, "lr": 0.02}, {"trials": 3})
+    assert path == tmp_path / "digits-dir0.1-20c-mlp" / "fedavg.yaml"
+    assert read_tuned("fedavg", "digits-dir0.1-20c-mlp", {}, tmp_path)[1]["lr"] == 0.02
+    with pytest.raises(UserError, match="tuned with dataset=digits, not fmnist; drop the dataset you typed"):
+        read_tuned("fedavg", "digits-dir0.1-20c-mlp", {"dataset": "fmnist"}, tmp_path)
+    with pytest.raises(UserError, match="No tuned settings for gpfl .* none are tuned for it yet"):
+        read_tuned("gpfl", "digits-dir0.1-20c-mlp", {}, tmp_path)
+    with pytest.raises(UserError, match="it has tuned settings for digits-dir0.1-20c-mlp"):
+        read_tuned("fedavg", "fmnist-dir0.1-20c-cnn4", {}, tmp_path)
+
+
+def test_what_set_names_holds_for_every_cell_of_a_table():
+    from tuner.reproduce import cells
+
+    todo, _ = cells("gpfl-table1", ["fmnist"], ["gpfl", "fedavg"], None, {"partition": "dir:0.1", "backbone": "mlp"})
+    assert todo == [  # the table's dir:0.1 and pat:2 cells are one once the partition is set
+        {"method": "fedavg", "dataset": "fmnist", "clients": 20, "join_ratio": "1", "protocol": "pfllib"},
+        {"method": "gpfl", "dataset": "fmnist", "clients": 20, "join_ratio": "1", "protocol": "pfllib"},
+    ]
