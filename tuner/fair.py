@@ -166,6 +166,7 @@ def reproduce_tuned(
                 param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
                 samples=1,
                 expected=len(todo) * seeds,
+                sharing=seeds,  # a cell's runs share its method's compiled programs, not another's
                 resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
                 **stage,
             )
@@ -193,6 +194,7 @@ def reproduce_tuned(
                 searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
                 scheduler=CellSchedulers(lambda: asha(grace, rounds)),
                 samples=len(todo) * trials,
+                sharing=trials,
                 resume=tune.Tuner.can_restore(str(top / "search")),
                 **stage,
             )
@@ -225,6 +227,7 @@ def reproduce_tuned(
                 },
                 samples=1,
                 expected=len(tuned_cells) * seeds,
+                sharing=seeds,
                 resume=tune.Tuner.can_restore(str(top / "seeds")),
                 **stage,
             )

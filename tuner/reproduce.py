@@ -140,6 +140,7 @@ def reproduce(
             stopper=stoppers(patience, None),
             samples=1,
             expected=len(todo) * seeds,
+            sharing=seeds,  # a cell's seeds run its programs; another cell's method compiles its own
             rounds=rounds,
             resume=resume,
             extra={"table": table, "paper": paper_name},

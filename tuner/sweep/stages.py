@@ -63,13 +63,15 @@ def run_stage(
     stopper=None,
     samples: int = 1,
     expected: int | None = None,
+    sharing: int | None = None,
     rounds: int,
     resume: bool,
     extra: dict | None = None,
     budget: int | None = None,
     keep_checkpoints: int = 2,
 ):
-    """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid."""
+    """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid. `sharing`: how many of
+    its trials run one method in one setting, and so the same compiled programs [default: all of them]."""
     check_request(res)  # before anything is written or started
     ensure_writable(sweep_dir, "the sweep's storage")
     start_ray(res)
@@ -77,9 +79,8 @@ def run_stage(
     request = trial_resources(res)
     check_fits(request)
     cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
-    shared_rounds = worker_rounds(
-        request, samples if expected is None else expected, rounds, res.max_concurrent, ray.cluster_resources()
-    )
+    alike = sharing or (samples if expected is None else expected)
+    shared_rounds = worker_rounds(request, alike, rounds, res.max_concurrent, ray.cluster_resources())
     trainable = tune.with_parameters(
         federated_trial,
         base=base,
