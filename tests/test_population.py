@@ -463,3 +463,16 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
     schedule = pd.read_csv(tmp_path / "r" / "schedule-fedavg-term.csv")
     assert list(schedule.columns) == ["round", "lr"] and list(schedule["round"]) == list(range(1, 7))
     assert (tmp_path / "r" / "schedule-fedavg-term.png").stat().st_size > 0
+
+
+def test_a_best_trial_no_exploit_reached_is_said_never_perturbed_not_drawn_as_a_schedule():
+    from tuner.report.best import perturbed, schedule_markdown
+
+    alone = pd.DataFrame({"round": [1, 2, 3], "trial": ["t1"] * 3, "lr": [0.05] * 3})
+    text = schedule_markdown("pop", alone, "schedule-pop.csv", "fedavg")
+    assert not perturbed(alone) and "the best trial was never perturbed" in text and "lr=0.05 throughout" in text
+    assert "`tuner run fedavg --config schedule-pop.yaml --schedule schedule-pop.csv`" in text
+    exploited = alone.assign(trial=["t2", "t2", "t1"])  # rounds 1-2 came with a donor's state
+    assert perturbed(exploited) and "the best trial's schedule" in schedule_markdown(
+        "pop", exploited, "s.csv", "fedavg"
+    )

@@ -964,3 +964,59 @@ def tuned_lr(root: Path, method: str) -> float:
     return yaml.safe_load((root / "results/tuned/digits-dir0.1-4c-mlp" / f"{method}.yaml").read_text())["settings"][
         "lr"
     ]
+
+
+FORCED_EXPLOIT = """
+settings: {dataset: digits, partition: iid, clients: 4, rounds: 6, executor: sequential, dtype: float64}
+search:
+  lr: {loguniform: [0.0001, 0.1]}
+samples: 2
+scheduler: {kind: KIND, perturbation_interval: 2, quantile: 0.5}
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["pbt", "pb2"])
+def test_population_training_on_ray_exploits_and_the_replay_it_prints_reruns_its_best(
+    tmp_path, ray_local, monkeypatch, kind
+):
+    """One trial at a time, PBT pausing a trial at each perturbation while the other waits: the two alternate every
+    2 rounds (the paper's lr 0.005 first, then a seeded draw, 0.0081). At round 2 neither has a checkpoint PBT kept;
+    by round 4 the one behind takes the other's state (quantile 0.5 of two) and trains rounds 5 and 6 on (with 4
+    rounds it would have none left, and no exploit happens). This test requires that exploit: a population where
+    none happened fails it. The command the report prints for the best trial, run as printed,
+    retrains its curve exactly (float64)."""
+    from tuner.report.best import perturbed
+    from tuner.schedule import ROUNDS_FILE, read_rounds
+
+    space = tmp_path / "forced.yaml"
+    space.write_text(FORCED_EXPLOIT.replace("KIND", kind))
+    res = CliRunner().invoke(
+        app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--name", "pop"]
+    )
+    assert res.exit_code == 0, res.output
+    files = [
+        max(d.glob(f"checkpoint_*/{ROUNDS_FILE}")) for d in (tmp_path / "pop" / "search").glob("federated_trial_*")
+    ]
+    own = [
+        f"federated_trial_{json.loads(f.parents[1].joinpath('result.json').read_text().splitlines()[0])['trial_id']}"
+        for f in files
+    ]
+    held = [{r["trial"] for r in read_rounds(f)[0]} for f in files]
+    assert len(files) == 2 and any(trained != {name} for trained, name in zip(held, own, strict=True)), held
+
+    monkeypatch.chdir(tmp_path)
+    report = CliRunner().invoke(app, ["report", "pop", "--out", "r"])
+    assert report.exit_code == 0, report.output
+    best_md, schedule = (tmp_path / "r" / "best.md").read_text(), pd.read_csv(tmp_path / "r" / "schedule-pop.csv")
+    drawn = (tmp_path / "r" / "schedule-pop.png").exists()
+    assert drawn == perturbed(schedule) == ("the best trial's schedule" in best_md) != ("never perturbed" in best_md)
+    printed = re.search(r"`(tuner run fedavg --config \S+ --schedule \S+)`", best_md).group(1)
+    monkeypatch.chdir(tmp_path / "r")
+    replay = CliRunner().invoke(app, [*printed.split()[1:], "--out", str(tmp_path / "replay")])
+    assert replay.exit_code == 0, replay.output
+    replayed = pd.read_parquet(tmp_path / "replay" / "metrics.parquet")
+    best = next(f for f in files if pd.DataFrame(read_rounds(f)[0])["lr"].tolist() == schedule["lr"].tolist())
+    trained = pd.read_parquet(best)
+    assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])

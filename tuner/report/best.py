@@ -92,6 +92,13 @@ def schedule_markdown(sweep: str, schedule: pd.DataFrame, file: str, method: str
         for _, g in schedule.groupby(changed)
     ]
     stem = file.removesuffix(".csv")
+    if not perturbed(schedule):
+        held = ", ".join(f"{k}={v}" for k, v in spans[0].items() if k not in ("rounds", "trained by"))
+        return (
+            f"\n\n## {sweep}: the best trial was never perturbed\n\nIts state went through rounds {spans[0]['rounds']} "
+            f"trained by {spans[0]['trained by']} alone, with {held} throughout: no exploit reached it, so it has no "
+            f"schedule to show.\n\nRerun it from round 1: `tuner run {method} --config {stem}.yaml --schedule {file}`\n"
+        )
     return (
         f"\n\n## {sweep}: the best trial's schedule\n\nThe rounds its state went through, with the trial that "
         "trained them "
@@ -99,6 +106,12 @@ def schedule_markdown(sweep: str, schedule: pd.DataFrame, file: str, method: str
         f"state).\n\n{pd.DataFrame(spans).to_markdown(index=False)}\n\n"
         f"Replay it from round 1: `tuner run {method} --config {stem}.yaml --schedule {file}`\n"
     )
+
+
+def perturbed(schedule: pd.DataFrame) -> bool:
+    """Whether a population trial's schedule changed hands or settings at all (a trial no exploit reached did not)."""
+    varying = [c for c in schedule.columns if c != "round"]
+    return bool((schedule[varying].nunique() > 1).any())
 
 
 def _short(value) -> str:

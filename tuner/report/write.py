@@ -13,7 +13,7 @@ import pandas as pd
 from tuner import papers
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
-from tuner.report.best import best_configs, best_markdown, best_schedules, schedule_markdown
+from tuner.report.best import best_configs, best_markdown, best_schedules, perturbed, schedule_markdown
 from tuner.report.fair import fair_latex, fair_markdown, fair_tables, plot_fair
 from tuner.report.plots import plot_curves, plot_schedule, plot_sweeps
 from tuner.report.runs import SELECTION, find_runs, summarize
@@ -66,11 +66,9 @@ def report(paths: list[Path], out: Path, select: str | None = None) -> dict:
                 write_atomic(stem.with_suffix(".csv"), partial(s["schedule"].drop(columns="trial").to_csv, index=False))
                 write_text_atomic(stem.with_suffix(".yaml"), s["config"].to_yaml())
                 text += schedule_markdown(s["sweep"], s["schedule"], s["file"], s["config"].method)
-                written += [
-                    stem.with_suffix(".csv"),
-                    stem.with_suffix(".yaml"),
-                    plot_schedule(s, stem.with_suffix(".png")),
-                ]
+                written += [stem.with_suffix(".csv"), stem.with_suffix(".yaml")]
+                # a schedule no exploit reached is flat lines: said in best.md, not drawn
+                written += [plot_schedule(s, stem.with_suffix(".png"))] if perturbed(s["schedule"]) else []
             write_text_atomic(stage / "best.md", text)
             written += [stage / "best.parquet", stage / "best.md"]
         fair_methods, fair_columns = fair_tables(summaries)
