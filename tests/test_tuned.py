@@ -182,3 +182,19 @@ def test_a_stage_of_many_methods_weighs_compiling_against_one_methods_rounds(mon
                 tmp_path, "defaults", {}, "val", 1, Resources(), expected=243, sharing=sharing, rounds=20, resume=False
             )
         assert captured["worker_rounds"] == rounds
+
+
+def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(tmp_path):
+    """FedPAC-CC's λ is 0, outside FedPAC's loguniform λ: Ray's Optuna search refuses a partial first point (the
+    digits comparison's search stage stopped on FedAvg-FT's so), so none is tried first; FedPAC's whole one is."""
+    from tuner.fair import fair_space
+    from tuner.selection import SCORE
+    from tuner.sweep.recovery import StoppableOptunaSearch
+
+    root = Path(__file__).resolve().parents[1]
+    asked = {"sampler": "tpe", "trials": 2, "grace": 1, "patience": None, "settings": {"rounds": 2}}
+    for method, first in (("fedpac-cc", None), ("fedpac", "whole")):
+        space = fair_space(method, root / "search_spaces/fedpac.yaml", tmp_path, {"method": method}, asked)
+        points = space.first_points()
+        assert points == ([space.defaults()] if first else None) and (first is None or len(points[0]) == 3)
+        StoppableOptunaSearch(space=space.search, metric=SCORE, mode="max", points_to_evaluate=points)

@@ -180,7 +180,7 @@ def reproduce_tuned(
                     metric=SCORE,
                     mode="max",
                     sampler=sp.make_sampler(sp.base_config().seed),  # one sampler, one seed, for every method
-                    points_to_evaluate=None if sp.sampler == "grid" else [sp.defaults()],
+                    points_to_evaluate=sp.first_points(),
                 )
                 for key, sp in spaces.items()
             }

@@ -98,6 +98,12 @@ class Space:
                 point[name] = value
         return point
 
+    def first_points(self) -> list[dict[str, Any]] | None:
+        """What Optuna's search tries first: the paper's setting, where every searched name has one in range (Ray's
+        Optuna search takes whole points only)."""
+        point = self.defaults()
+        return [point] if self.sampler != "grid" and set(point) == set(self.search) else None
+
     def grid_points(self) -> int:
         return math.prod(len(v) for v in self.grids.values())
 

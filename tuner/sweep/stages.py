@@ -214,7 +214,7 @@ def _sweep(
             sampler=space.make_sampler(cfg.seed),
             storage=storage,
             study_name=sweep_dir.name,
-            points_to_evaluate=None if space.sampler == "grid" else [space.defaults()],
+            points_to_evaluate=space.first_points(),
         )
     grid = run_stage(
         sweep_dir,
