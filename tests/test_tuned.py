@@ -3,6 +3,7 @@ tuned settings files and `tuner run --tuned`."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -107,8 +108,13 @@ def comparison_rows(tmp_path: Path) -> pd.DataFrame:
         join_ratio="1",
         backbone="mlp",
         time_s=10.0,
+        failed="",
     )
-    return frame
+    refused = "FedBN keeps batch-norm layers local and this backbone has none."
+    fedbn = frame[frame["method"] == "local"].assign(
+        method="fedbn", title="FedBN", selected_acc=math.nan, time_s=math.nan, failed=refused
+    )
+    return pd.concat([frame, fedbn], ignore_index=True)
 
 
 def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(tmp_path):
@@ -128,6 +134,7 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
     assert col["training_share"] == pytest.approx(3 * 8 * 10 / 200)  # 24 runs of 10 s in 100 s × 2 slots
     text = fair_markdown(methods, columns)
     assert "GPFL first at defaults: no; tuned: yes" in text and "not distinguishable" in text
+    assert "Not run at this setting: FedBN: FedBN keeps batch-norm layers local" in text and "| FedBN" not in text
 
 
 def test_a_setting_is_named_by_its_data_and_a_tuned_file_is_refused_for_another(tmp_path):

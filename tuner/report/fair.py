@@ -62,8 +62,11 @@ def _method_row(method: str, runs: pd.DataFrame) -> dict:
     defaults, tuned = by_seed["defaults"].loc[seeds].tolist(), by_seed["seeds"].loc[seeds].tolist()
     gain = difference(tuned, defaults, paired=True) if len(seeds) > 1 else Difference(math.nan, math.nan, math.nan)
     search = runs[runs["stage"] == "search"]
+    failures = runs.loc[runs["failed"].astype(bool), "failed"] if "failed" in runs else pd.Series(dtype=str)
     return {
         "method": method,
+        # a method the setting refuses (every run failed): why, in its own sentence
+        "refused": failures.iloc[0] if len(failures) == len(runs) else "",
         "title": runs["title"].iloc[0],
         "seeds": len(seeds),
         "defaults_mean": 100 * _mean(defaults),
@@ -136,12 +139,13 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
     parts = []
     for col in columns.itertuples():
         t = methods[(methods["comparison"] == col.comparison) & (methods["setting"] == col.setting)]
-        t = t.sort_values(["rank_tuned", "method"])
+        refused = t[t["refused"] != ""]
+        t = t[t["refused"] == ""].sort_values(["rank_tuned", "method"])
         body = pd.DataFrame(
             {
                 "method": t["title"],
-                "defaults": [f"{m:.2f} ± {s:.2f}" for m, s in zip(t["defaults_mean"], t["defaults_std"], strict=True)],
-                "tuned": [f"{m:.2f} ± {s:.2f}" for m, s in zip(t["tuned_mean"], t["tuned_std"], strict=True)],
+                "defaults": [_spread(m, s) for m, s in zip(t["defaults_mean"], t["defaults_std"], strict=True)],
+                "tuned": [_spread(m, s) for m, s in zip(t["tuned_mean"], t["tuned_std"], strict=True)],
                 "gain (95 % interval)": [_interval(r.gain, r.gain_low, r.gain_high) for r in t.itertuples()],
                 "rank defaults → tuned": [
                     f"{_rank(a)} → {_rank(b)}" for a, b in zip(t["rank_defaults"], t["rank_tuned"], strict=True)
@@ -164,6 +168,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
                 f"{'yes' if col.own_first_tuned else 'no'}; tuned, against the best other ({col.runner_up}): "
                 + _interval(col.to_runner_up, col.to_runner_up_low, col.to_runner_up_high)
             )
+        lines += [f"Not run at this setting: {r.title}: {r.refused}" for r in refused.itertuples()]
         if not math.isnan(col.training_share):
             lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
         parts.append(
@@ -193,6 +198,10 @@ def _interval(mean: float, low: float, high: float) -> str:
         return f"{mean:+.2f} (one seed: no interval)"
     verdict = "" if low > 0 or high < 0 else ", not distinguishable"
     return f"{mean:+.2f} ({low:+.2f} to {high:+.2f}{verdict})"
+
+
+def _spread(mean: float, std: float) -> str:
+    return "—" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
 
 
 def _rank(r: float) -> str:
