@@ -13,7 +13,8 @@ again, and one stopped midway resumes, so a long comparison may be stopped and r
 `samples`
 trials of `rounds` rounds; ASHA runs twice the trials under `max_total_rounds` = samples × rounds, so every
 sweep has the same rounds to spend (ASHA spends what its stopped trials leave on more trials). Writes
-OUT/comparison.json (with the command, commit and machine), OUT/comparison.md and OUT/anytime.png."""
+OUT/comparison.json (with the command, commit and machine), OUT/comparison.md, OUT/anytime.png and OUT/lineages/ (each
+trial's rounds file and reports: who trained which round, under which settings)."""
 
 from __future__ import annotations
 
@@ -108,9 +109,28 @@ def anytime(sweep_dir: Path, scheduler: str, budget: int) -> tuple[int, list[flo
         ]
         return len(rows), points
     lineages = [lineage_rows(t, pd.DataFrame())[0] for t in trials]
-    rounds = max(int(rows["round"].max()) for rows in lineages)
     best_by = lambda r: max(rows.loc[rows["round"] <= r, "val_acc"].max() for rows in lineages)  # noqa: E731
-    return len(trials) * rounds, [best_by(round(f * budget / len(trials))) for f in SPENT_AT]
+    return sum(map(trained_rounds, trials)), [best_by(round(f * budget / len(trials))) for f in SPENT_AT]
+
+
+def trained_rounds(trial: Path) -> int:
+    """The rounds a trial trained: a report a round it ran (result.json keeps the rounds it ran before it took a
+    donor's state, which its rounds file drops; a donor's rounds it took are not its own). Not trials × the last
+    round: a trial that took a state from ahead skipped the rounds between."""
+    result = trial / "result.json"
+    return sum(1 for line in result.read_text().splitlines() if line.strip()) if result.exists() else 0
+
+
+def keep_lineages(sweep_dir: Path, out: Path) -> None:
+    """Each trial's rounds file (the rounds its state went through, who trained them, the settings then) and its
+    reports, under OUT/lineages/SWEEP/, so a committed comparison can be read again without its sweeps."""
+    for trial in sorted((sweep_dir / "search").glob("federated_trial_*")):
+        kept = out / "lineages" / sweep_dir.name / trial.name
+        kept.mkdir(parents=True, exist_ok=True)
+        rounds = max(trial.glob("checkpoint_*/rounds.parquet"), default=None)
+        for source, name in ((rounds, "rounds.parquet"), (trial / "result.json", "result.json")):
+            if source is not None and source.exists():
+                (kept / name).write_bytes(source.read_bytes())
 
 
 def main() -> None:
@@ -135,6 +155,7 @@ def main() -> None:
                 sweep_dir = sweep(method, scheduler, seed, args)
                 best = yaml.safe_load((sweep_dir / "summary.yaml").read_text())["best"]
                 spent, points = anytime(sweep_dir, scheduler, budget)
+                keep_lineages(sweep_dir, out)
                 results.append(
                     {
                         "method": method,

@@ -476,3 +476,23 @@ def test_a_best_trial_no_exploit_reached_is_said_never_perturbed_not_drawn_as_a_
     assert perturbed(exploited) and "the best trial's schedule" in schedule_markdown(
         "pop", exploited, "s.csv", "fedavg"
     )
+
+
+def test_a_population_sweeps_rounds_are_those_its_trials_trained_and_its_lineages_are_kept(tmp_path):
+    """A trial that took a donor's round-4 state at its round 2 trained rounds 1, 2, 5 and 6: four, where trials × the
+    last round counted six."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.schedulers import keep_lineages, trained_rounds
+
+    trial = tmp_path / "pop" / "search" / "federated_trial_00001"
+    (trial / "checkpoint_000002").mkdir(parents=True)
+    (trial / "result.json").write_text("".join(json.dumps({"round": r}) + "\n" for r in (1, 2, 5, 6)))
+    pd.DataFrame({"round": range(1, 7), "trial": ["t0"] * 4 + ["t1"] * 2}).to_parquet(
+        trial / "checkpoint_000002" / "rounds.parquet"
+    )
+    assert trained_rounds(trial) == 4
+    keep_lineages(tmp_path / "pop", tmp_path / "out")
+    kept = tmp_path / "out" / "lineages" / "pop" / "federated_trial_00001"
+    assert pd.read_parquet(kept / "rounds.parquet")["trial"].tolist()[-1] == "t1" and trained_rounds(kept) == 4
