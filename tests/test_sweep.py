@@ -919,6 +919,8 @@ def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_bac
         mine = [p for p in search if p["cell"]["method"] == method]
         paper = resolve_layers(method, [("test", {"dataset": "digits", "clients": 4})]).lr
         assert len(mine) == 3 and mine[0]["lr"] == paper  # the same trials each, the paper's default tried first
+    # every trial's reports as TensorBoard event files, which docs/sweeps.md points `tensorboard --logdir` at
+    assert all(list(d.glob("events.out.tfevents.*")) for d in (top / "search").glob("federated_trial_*"))
     defaults = sorted((p["cell"]["method"], p["seed"]) for p in [t["params"] for t in trials(top / "defaults")])
     reruns = sorted((p["tuned"]["method"], p["seed"]) for p in [t["params"] for t in trials(top / "seeds")])
     assert defaults == reruns == [("fedavg", 1), ("fedavg", 2), ("local", 1), ("local", 2)]
