@@ -1022,3 +1022,57 @@ def test_population_training_on_ray_exploits_and_the_replay_it_prints_reruns_its
     best = next(f for f in files if pd.DataFrame(read_rounds(f)[0])["lr"].tolist() == schedule["lr"].tolist())
     trained = pd.read_parquet(best)
     assert list(replayed["acc"]) == list(trained["acc"]) and list(replayed["val_acc"]) == list(trained["val_acc"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_round_twice(tmp_path, spawn):
+    """PBT over 3 trials of 30 rounds, one at a time, killed (SIGKILL, the whole group) once a trial has checkpointed
+    short of its last round; --resume ends every trial: each state's lineage holds rounds 1 to 30 once, and the
+    killed trial went on from its checkpoint (its reports of round 1 no more than before the kill)."""
+    from tuner.schedule import ROUNDS_FILE, read_rounds
+
+    space = tmp_path / "pbt.yaml"
+    space.write_text(
+        TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30").replace(
+            "samples: 3", "samples: 3\nscheduler: {kind: pbt, perturbation_interval: 5}"
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
+    experiment = tmp_path / "fedavg-pbt" / "search"
+    proc = spawn(
+        _sweep_cmd(space, tmp_path, "--max-concurrent", "1"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 240
+    while not (
+        midway := [
+            t
+            for t in trials_so_far(experiment)
+            if t["rows"] and t["rows"][-1]["round"] < 30 and list(t["dir"].glob(f"checkpoint_*/{ROUNDS_FILE}"))
+        ]
+    ):
+        assert proc.poll() is None and time.time() < deadline, "the sweep was never seen with a trial checkpointed"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    res = subprocess.run(
+        _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = trials(experiment)
+    assert len(after) == 3
+    for t in after:
+        lineage = read_rounds(max(t["dir"].glob(f"checkpoint_*/{ROUNDS_FILE}")))[0]
+        assert [r["round"] for r in lineage] == list(range(1, 31)), (t["dir"].name, lineage)
+    for seen in midway:
+        now = next(t for t in after if t["dir"] == seen["dir"])
+        assert [r["round"] for r in now["rows"]].count(1) == [r["round"] for r in seen["rows"]].count(1)
