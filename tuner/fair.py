@@ -154,120 +154,127 @@ def reproduce_tuned(
 
         done: list[str] = list(earlier.get("done", []))
         note(done)
-        stage = dict(stopper=stoppers(patience, None), rounds=rounds, extra={"table": table, "comparison": asked})
-        if DEFAULTS_STAGE not in done:
-            run_stage(
-                top,
-                DEFAULTS_STAGE,
-                common,
-                "val",
-                1,
-                res,
-                param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
-                samples=1,
-                expected=len(todo) * seeds,
-                sharing=seeds,  # a cell's runs share its method's compiled programs, not another's
-                resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
-                **stage,
-            )
-            done.append(DEFAULTS_STAGE)
-            note(done)
-        spaces = {cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in todo}
-        if "search" not in done:
-            searches = {
-                key: StoppableOptunaSearch(
-                    space=sp.search,
-                    metric=SCORE,
-                    mode="max",
-                    sampler=sp.make_sampler(sp.base_config().seed),  # one sampler, one seed, for every method
-                    points_to_evaluate=sp.first_points(),
+        try:  # a stop keeps the time spent so far
+            stage = dict(stopper=stoppers(patience, None), rounds=rounds, extra={"table": table, "comparison": asked})
+            if DEFAULTS_STAGE not in done:
+                run_stage(
+                    top,
+                    DEFAULTS_STAGE,
+                    common,
+                    "val",
+                    1,
+                    res,
+                    param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
+                    samples=1,
+                    expected=len(todo) * seeds,
+                    sharing=seeds,  # a cell's runs share its method's compiled programs, not another's
+                    resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
+                    **stage,
                 )
-                for key, sp in spaces.items()
+                done.append(DEFAULTS_STAGE)
+                note(done)
+            spaces = {
+                cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in todo
             }
-            grid = run_stage(
-                top,
-                "search",
-                common,
-                "val",
-                1,
-                res,
-                searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
-                scheduler=CellSchedulers(lambda: asha(grace, rounds)),
-                samples=len(todo) * trials,
-                sharing=trials,
-                resume=tune.Tuner.can_restore(str(top / "search")),
-                **stage,
-            )
-            searched = [r for r in grid if r.metrics]
-            for key in spaces:
-                mine = [r for r in searched if cell_key(r.config["cell"]) == key]
-                best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
-                if best is None:  # every trial failed: the cell has no tuned configuration, the others go on
-                    found[key] = {"failed": f"no search trial reported a result (error.txt files in {top / 'search'})"}
-                    continue
-                found[key] = {
-                    "config": {k: v for k, v in best.config.items() if k != "cell"},
-                    "val_acc": best.metrics.get("best_val_acc"),
-                    "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
+            if "search" not in done:
+                searches = {
+                    key: StoppableOptunaSearch(
+                        space=sp.search,
+                        metric=SCORE,
+                        mode="max",
+                        sampler=sp.make_sampler(sp.base_config().seed),  # one sampler, one seed, for every method
+                        points_to_evaluate=sp.first_points(),
+                    )
+                    for key, sp in spaces.items()
                 }
-            done.append("search")
-            note(done)
-        tuned_cells = [c for c in todo if "config" in found[cell_key(c)]]
-        if "seeds" not in done and tuned_cells:
-            grid = run_stage(
-                top,
-                "seeds",
-                common,
-                "val",
-                1,
-                res,
-                param_space={
-                    "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in tuned_cells]),
-                    **seed_grid(asked["seeds"], False),
-                },
-                samples=1,
-                expected=len(tuned_cells) * seeds,
-                sharing=seeds,
-                resume=tune.Tuner.can_restore(str(top / "seeds")),
-                **stage,
-            )
-            for c in tuned_cells:
-                cfg = resolve_layers(c["method"], [("the comparison's settings", {**common, **c})])
-                best = found[cell_key(c)]
-                tuned = {
-                    k: v
-                    for k, v in {**common, **c, **best["config"]}.items()
-                    if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
-                }
-                accs = [
-                    r.metrics.get("selected_acc")
-                    for r in grid
-                    if r.metrics and r.error is None and r.config["tuned"]["method"] == c["method"]
-                ]
-                write_tuned(
-                    tuned_dir,
-                    cfg.method,
-                    {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
-                    {
-                        "table": table,
-                        "space": shown_path(sources[c["method"]]),
-                        "space_sha256": file_hash(sources[c["method"]]),
-                        "sampler": sampler,
-                        "sampler_seed": cfg.seed,
-                        "trials": trials,
-                        "rounds": rounds,
-                        "grace": grace,
-                        "patience": patience,
-                        "rounds_trained": best["rounds_trained"],
-                        "selected_by": "val",
-                        "val_acc": best["val_acc"],
-                        "seeds": asked["seeds"],
-                        "seeds_test_acc": accs,
-                        "comparison": str(top),
-                        "commit": checkout_commit(),
-                    },
+                grid = run_stage(
+                    top,
+                    "search",
+                    common,
+                    "val",
+                    1,
+                    res,
+                    searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
+                    scheduler=CellSchedulers(lambda: asha(grace, rounds)),
+                    samples=len(todo) * trials,
+                    sharing=trials,
+                    resume=tune.Tuner.can_restore(str(top / "search")),
+                    **stage,
                 )
-            done.append("seeds")
+                searched = [r for r in grid if r.metrics]
+                for key in spaces:
+                    mine = [r for r in searched if cell_key(r.config["cell"]) == key]
+                    best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
+                    if best is None:  # every trial failed: the cell has no tuned configuration, the others go on
+                        found[key] = {
+                            "failed": f"no search trial reported a result (error.txt files in {top / 'search'})"
+                        }
+                        continue
+                    found[key] = {
+                        "config": {k: v for k, v in best.config.items() if k != "cell"},
+                        "val_acc": best.metrics.get("best_val_acc"),
+                        "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
+                    }
+                done.append("search")
+                note(done)
+            tuned_cells = [c for c in todo if "config" in found[cell_key(c)]]
+            if "seeds" not in done and tuned_cells:
+                grid = run_stage(
+                    top,
+                    "seeds",
+                    common,
+                    "val",
+                    1,
+                    res,
+                    param_space={
+                        "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in tuned_cells]),
+                        **seed_grid(asked["seeds"], False),
+                    },
+                    samples=1,
+                    expected=len(tuned_cells) * seeds,
+                    sharing=seeds,
+                    resume=tune.Tuner.can_restore(str(top / "seeds")),
+                    **stage,
+                )
+                for c in tuned_cells:
+                    cfg = resolve_layers(c["method"], [("the comparison's settings", {**common, **c})])
+                    best = found[cell_key(c)]
+                    tuned = {
+                        k: v
+                        for k, v in {**common, **c, **best["config"]}.items()
+                        if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
+                    }
+                    accs = [
+                        r.metrics.get("selected_acc")
+                        for r in grid
+                        if r.metrics and r.error is None and r.config["tuned"]["method"] == c["method"]
+                    ]
+                    write_tuned(
+                        tuned_dir,
+                        cfg.method,
+                        {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
+                        {
+                            "table": table,
+                            "space": shown_path(sources[c["method"]]),
+                            "space_sha256": file_hash(sources[c["method"]]),
+                            "sampler": sampler,
+                            "sampler_seed": cfg.seed,
+                            "trials": trials,
+                            "rounds": rounds,
+                            "grace": grace,
+                            "patience": patience,
+                            "rounds_trained": best["rounds_trained"],
+                            "selected_by": "val",
+                            "val_acc": best["val_acc"],
+                            "seeds": asked["seeds"],
+                            "seeds_test_acc": accs,
+                            "comparison": str(top),
+                            "commit": checkout_commit(),
+                        },
+                    )
+                done.append("seeds")
+                note(done)
+        finally:
             note(done)
     return top, skipped
 
