@@ -56,16 +56,37 @@ def wait_all(procs: list[subprocess.Popen], deadline: float) -> bool:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+    stopped = stop(procs)
+    for p in procs:
+        if p not in stopped:
+            raise_if_failed(p)
+    return not stopped
+
+
+def wait_any(procs: list[subprocess.Popen], deadline: float) -> list[subprocess.Popen]:
+    """The processes that have ended, as soon as one has (none: the deadline came first)."""
+    while time.monotonic() < deadline:
+        ended = [p for p in procs if p.poll() is not None]
+        if ended:
+            return ended
+        time.sleep(0.5)  # runs take minutes: half a second late to start the next one costs nothing
+    return []
+
+
+def stop(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
+    """SIGTERM to those still running, as a scheduler stops a trial (its rows are kept); returns them once ended."""
     stopped = [p for p in procs if p.poll() is None]
     for p in stopped:
         p.send_signal(signal.SIGTERM)
     for p in procs:
         p.wait()
-    for p in procs:
-        if p.returncode != 0 and p not in stopped:
-            last = (Path(p.log).read_text().strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"{' '.join(p.args[3:5])} exited with {p.returncode}: {last} (log: {p.log})")
-    return not stopped
+    return stopped
+
+
+def raise_if_failed(p: subprocess.Popen) -> None:
+    if p.returncode != 0:
+        last = (Path(p.log).read_text().strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{' '.join(p.args[3:5])} exited with {p.returncode}: {last} (log: {p.log})")
 
 
 def run_figures(run_dir: Path, finished: bool, seconds: float) -> dict:

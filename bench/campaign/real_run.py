@@ -1,8 +1,8 @@
 """Stage 6: the papers' Fashion-MNIST columns at their length (or GPFL's at 200 rounds, a column in one command),
-as many runs at once as the knee; a run stopped by the budget resumes at the next command, a finished one is never
-started again. What the runs wrote that `tuner report` reads (config.yaml, metrics.parquet) is packed as it ends
-into OUT/runs.tar.xz.NN, pieces under 16 MiB, so that a machine whose files come back a few at a time brings the
-column back whole."""
+as many runs at once as the knee, a run that ends giving its place to the next at once; a run stopped by the budget
+resumes at the next command, a finished one is never started again. What the runs wrote that `tuner report` reads
+(config.yaml, metrics.parquet) is packed as each ends into OUT/runs.tar.xz.NN, pieces under 16 MiB, so that a
+machine whose files come back a few at a time brings the column back whole."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from bench.campaign.processes import finished, run_figures, tuner_run, wait_all
+from bench.campaign.processes import finished, raise_if_failed, run_figures, stop, tuner_run, wait_any
 from tuner import papers
 from tuner.reproduce import cells
 
@@ -90,17 +90,27 @@ def real_run(campaign, deadline: float) -> dict:
     for column, method, _, _ in todo:
         if (column, method) not in {(t[0], t[1]) for t in pending}:
             out[f"{column}/{method}"] = run_figures(runs / column / method, True, 0.0)
-    while pending and time.monotonic() < deadline:
-        batch, pending = pending[: campaign.knee], pending[campaign.knee :]
-        t1 = time.monotonic()
-        dirs = [runs / column / method for column, method, _, _ in batch]
-        done = wait_all(
-            [tuner_run([*args, "--out", str(d)], campaign) for (_, _, args, _), d in zip(batch, dirs, strict=True)],
-            deadline,
-        )
-        for (column, method, _, rounds), d in zip(batch, dirs, strict=True):
-            out[f"{column}/{method}"] = run_figures(d, done or finished(d, rounds), time.monotonic() - t1)
-        pack(runs, campaign.out / "runs.tar.xz")  # each batch's, so a stop later loses none of it
+    running: dict = {}  # process -> (column, method, folder, rounds, started)
+    try:
+        while (pending or running) and time.monotonic() < deadline:
+            while pending and len(running) < campaign.knee:  # a place that frees up takes the next run at once
+                column, method, args, rounds = pending.pop(0)
+                folder = runs / column / method
+                proc = tuner_run([*args, "--out", str(folder)], campaign)
+                if proc is None:  # finished by an earlier command
+                    out[f"{column}/{method}"] = run_figures(folder, True, 0.0)
+                else:
+                    running[proc] = (column, method, folder, rounds, time.monotonic())
+            for proc in wait_any(list(running), deadline):
+                column, method, folder, rounds, t1 = running.pop(proc)
+                raise_if_failed(proc)
+                out[f"{column}/{method}"] = run_figures(folder, finished(folder, rounds), time.monotonic() - t1)
+                pack(runs, campaign.out / "runs.tar.xz")  # as each run ends, so a stop later loses none of it
+    finally:  # past the deadline (or a run that failed): the others stopped, their rows kept for the next command
+        stop(list(running))
+        for column, method, folder, rounds, t1 in running.values():
+            out[f"{column}/{method}"] = run_figures(folder, finished(folder, rounds), time.monotonic() - t1)
+        pack(runs, campaign.out / "runs.tar.xz")
     complete = sum(v["finished"] for v in out.values())
     line = f"{complete} of {len(todo)} runs at their paper's length ({', '.join(campaign.args.columns.split(','))})"
     line += (
