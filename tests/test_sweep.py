@@ -941,6 +941,11 @@ def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_bac
         assert tuned["provenance"]["rounds_trained"] == searched["rounds_run"].sum() == fair.at[method, "search_rounds"]
         assert sorted(tuned["provenance"]["seeds_test_acc"]) == sorted(by_seed["seeds"])
         assert tuned["settings"]["lr"] == searched.loc[searched[SCORE].idxmax(), "lr"]  # chosen by validation
+    best = pd.read_parquet(top / "report" / "best.parquet").set_index("sweep")  # a best configuration a cell
+    assert {m: best.at[f"roster-tuned/{m}-digits-dir0.1-4c", "trials"] for m in ("fedavg", "local")} == {
+        "fedavg": 3,
+        "local": 3,
+    }
     share = pd.read_parquet(top / "report" / "fair_columns.parquet")["training_share"].iloc[0]
     assert 0 < share < 1
 

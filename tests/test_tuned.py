@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from tuner.cli import app
 from tuner.errors import UserError
 from tuner.report.intervals import difference
 
@@ -205,3 +207,71 @@ def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(t
         points = space.first_points()
         assert points == ([space.defaults()] if first else None) and (first is None or len(points[0]) == 3)
         StoppableOptunaSearch(space=space.search, metric=SCORE, mode="max", points_to_evaluate=points)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("comparison", sorted(p.name for p in (ROOT / "results/tuned-comparisons").iterdir()))
+def test_the_tuned_page_quotes_each_committed_comparison_as_its_report_wrote_it(comparison):
+    """docs/tuned.md's tables and lines are the committed fair.md's, and that fair.md is what `tuner report` writes
+    today from the committed runs' rows."""
+    from tuner.report.fair import fair_markdown
+
+    folder = ROOT / "results/tuned-comparisons" / comparison
+    methods, columns = pd.read_parquet(folder / "fair.parquet"), pd.read_parquet(folder / "fair_columns.parquet")
+    fair = (folder / "fair.md").read_text()
+    assert fair_markdown(methods, columns) == fair
+    page = (ROOT / "docs/tuned.md").read_text()
+    for line in fair.splitlines():
+        if line.startswith(("|", "- ")):
+            assert line in page, line
+
+
+def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_path, monkeypatch):
+    from tuner.config import resolve_layers
+    from tuner.tuned import setting_name
+
+    shipped = sorted((ROOT / "results/tuned").glob("*/*.yaml"))
+    assert shipped
+    for path in shipped:
+        data = yaml.safe_load(path.read_text())
+        assert path.stem == data["method"] and path.parent.name == setting_name(data["settings"])
+        for key in ("table", "space", "space_sha256", "sampler", "trials", "rounds_trained", "val_acc", "commit"):
+            assert data["provenance"][key] not in (None, ""), (path, key)
+        resolve_layers(data["method"], [(str(path), data["settings"])])  # a setting this checkout still takes
+    monkeypatch.chdir(ROOT)  # `--tuned NAME` reads results/tuned/ under the current directory
+    setting = shipped[0].parent.name
+    out = tmp_path / "run"
+    ran = CliRunner().invoke(app, ["run", shipped[0].stem, "--tuned", setting, "--rounds", "1", "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
+
+
+def test_the_tuned_pages_sentences_on_digits_are_the_committed_figures():
+    from tuner.config import resolve_layers
+    from tuner.run import build_simulation
+
+    folder = ROOT / "results/tuned-comparisons/digits-roster"
+    m, c = pd.read_parquet(folder / "fair.parquet"), pd.read_parquet(folder / "fair_columns.parquet").iloc[0]
+    ran = m[m["refused"] == ""]
+    page = " ".join((ROOT / "docs/tuned.md").read_text().split())
+    gained = ran[ran["distinguishable"] & (ran["gain"] > 0)]
+    assert f"{len(gained)} of the {len(ran)} that ran gain beyond their interval" in page
+    assert f"by {gained['gain'].median():.1f} points at their median" in page
+    assert f"Kendall's τ {c['kendall_tau']:.2f} between defaults and tuned" in page
+    assert f"{100 * c['training_share']:.0f} % of the trial slots' time spent training" in page
+    assert f"{c['wall_s'] / 60:.0f} minutes for {len(m)} methods and variants" in page
+    zero = ", ".join(sorted(ran.loc[ran["gain"] == 0, "title"], key=str.lower))
+    assert f"gained exactly nothing ({zero})" in page
+    knn, logits = ran.set_index("method").loc["knn-per"], ran.set_index("method").loc["knn-per-logits"]
+    assert f"by −{-knn['gain']:.1f} points (interval −{-knn['gain_low']:.1f} to +{knn['gain_high']:.1f}" in page
+    lost = ran[ran["distinguishable"] & (ran["gain"] < 0)]
+    assert list(lost["method"]) == ["knn-per-logits"] and (
+        f"by −{-logits['gain']:.1f} points (−{-logits['gain_low']:.1f} to −{-logits['gain_high']:.1f}), the one loss"
+        in page
+    )
+    moved = ran[~ran["distinguishable"] & (ran["gain"] != 0) & (ran["method"] != "knn-per")]
+    listed = sorted(moved["title"], key=str.lower)
+    assert ", ".join(listed[:-1]) + f" and {listed[-1]} moved within intervals that cover 0" in page
+    sim = build_simulation(resolve_layers("fedavg", [("test", {"dataset": "digits", "rounds": 1, "val_frac": 0.1})]))
+    assert f"{sum(sim.data.val.counts)} samples in all" in page and f"{sum(sim.data.test.counts)} test samples" in page

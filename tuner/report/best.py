@@ -18,13 +18,16 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
     figures, and the mean ± std of its seed reruns where the sweep made them."""
     out = []
     search = summaries[summaries["stage"] == "search"]
-    for experiment, trials in search.groupby("experiment", sort=True):
+    # a tuned comparison's search experiment holds a search a table cell: each is a sweep of its own here
+    cell = ["experiment", "method", "dataset", "partition", "clients", "backbone"]
+    for (experiment, *_), trials in search.groupby(cell, sort=True):
         sweep_dir = Path(experiment).parent
+        several = search.loc[search["experiment"] == experiment, cell].drop_duplicates().shape[0] > 1
         scored = trials[trials[SCORE].notna()]
         unfinished = int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())
         running = lock_holder(sweep_dir)  # while the sweep runs, an unfinished trial may be running, not stopped
         row = {
-            "sweep": sweep_dir.name,
+            "sweep": f"{sweep_dir.name}/{cell_label(trials)}" if several else sweep_dir.name,
             "path": str(sweep_dir),
             "method": trials["title"].iloc[0],
             "trials": len(trials),
@@ -47,13 +50,20 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
                 "rounds_run": best["rounds_run"],
                 "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"]),
             }
-        seeds = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))][
-            "selected_acc"
-        ].dropna()
+        reruns = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]
+        if several:  # this cell's reruns only
+            reruns = reruns.merge(trials[cell[1:]].drop_duplicates(), on=cell[1:])
+        seeds = reruns["selected_acc"].dropna()
         if len(seeds):
             row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
         out.append(row)
     return pd.DataFrame(out)
+
+
+def cell_label(trials: pd.DataFrame) -> str:
+    """A table cell's search among a tuned comparison's: its method and data setting."""
+    t = trials.iloc[0]
+    return f"{t['method']}-{Path(str(t['dataset'])).stem}-{str(t['partition']).replace(':', '')}-{t['clients']}c"
 
 
 def best_schedules(runs: list[dict], summaries: pd.DataFrame, best: pd.DataFrame) -> list[dict]:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from tuner.data.user_data import is_user_data
 from tuner.files import write_atomic
-from tuner.report.best import setting_value
+from tuner.report.best import cell_label, setting_value
 from tuner.report.runs import best_run
 
 
@@ -86,13 +86,19 @@ def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
 
     files = []
     search = summaries[summaries["stage"] == "search"]
-    for experiment, trials in search.groupby("experiment"):
+    # a tuned comparison's search experiment holds a search a table cell: a figure each
+    cell = ["experiment", "method", "dataset", "partition", "clients", "backbone"]
+    for (experiment, *_), trials in search.groupby(cell):
+        chosen = best_run(trials)
+        if chosen is None:  # a cell the setting refused: every trial failed before a round
+            continue
         first = runs[trials.index[0]]
         values = {n: [setting_value(runs[i]["config"], n) for i in trials.index] for n in first["searched"]}
         log = [n for n, xs in values.items() if _log_scale(first, n, xs)]
-        name = Path(experiment).parent.name
+        several = search.loc[search["experiment"] == experiment, cell].drop_duplicates().shape[0] > 1
+        name = Path(experiment).parent.name + (f"-{cell_label(trials)}" if several else "")
         fig = sweep_figure(
-            values, list(100 * trials["selected_acc"]), list(trials.index).index(best_run(trials)), log, f"sweep {name}"
+            values, list(100 * trials["selected_acc"]), list(trials.index).index(chosen), log, f"sweep {name}"
         )
         path = out / f"sweep-{name}.png"
         write_atomic(path, partial(fig.savefig, dpi=120, format="png", bbox_inches="tight"))
