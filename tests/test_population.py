@@ -458,11 +458,14 @@ def test_a_pbt_sweep_stopped_by_sigterm_resumes_reports_its_best_schedule_and_an
     report = CliRunner().invoke(app, ["report", str(tmp_path / "fedavg-term"), "--out", str(tmp_path / "r")])
     assert report.exit_code == 0, report.output
     best_md = (tmp_path / "r" / "best.md").read_text()
-    assert "## fedavg-term: the best trial's schedule" in best_md
     assert "`tuner run fedavg --config schedule-fedavg-term.yaml --schedule schedule-fedavg-term.csv`" in best_md
     schedule = pd.read_csv(tmp_path / "r" / "schedule-fedavg-term.csv")
     assert list(schedule.columns) == ["round", "lr"] and list(schedule["round"]) == list(range(1, 7))
-    assert (tmp_path / "r" / "schedule-fedavg-term.png").stat().st_size > 0
+    # whether an exploit reached the best trial depends on Ray's timing here: best.md says which, and only a
+    # schedule that changed is drawn (a CI run saw the best trial never perturbed)
+    exploited = schedule["lr"].nunique() > 1 or "## fedavg-term: the best trial's schedule" in best_md
+    drawn = (tmp_path / "r" / "schedule-fedavg-term.png").exists()
+    assert drawn == exploited == ("## fedavg-term: the best trial was never perturbed" not in best_md)
 
 
 def test_a_best_trial_no_exploit_reached_is_said_never_perturbed_not_drawn_as_a_schedule():
@@ -496,3 +499,39 @@ def test_a_population_sweeps_rounds_are_those_its_trials_trained_and_its_lineage
     keep_lineages(tmp_path / "pop", tmp_path / "out")
     kept = tmp_path / "out" / "lineages" / "pop" / "federated_trial_00001"
     assert pd.read_parquet(kept / "rounds.parquet")["trial"].tolist()[-1] == "t1" and trained_rounds(kept) == 4
+
+
+def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their_lineages():
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "results/schedulers-digits"
+    sweeps = pd.DataFrame(json_file(folder / "comparison.json")["figures"]["sweeps"]).set_index(["method", "scheduler"])
+    page = " ".join((root / "docs/sweeps.md").read_text().split())
+    asha = sorted(100 * sweeps.loc[("fedavg", "asha"), "best_val_acc"])
+    pbt = 100 * sweeps.loc[("fedavg", "pbt"), "best_val_acc"].mean()
+    assert f"({asha[0]:.1f} %) and the other two average {sum(asha[1:]) / 2:.1f}, above PBT's {pbt:.1f}" in page
+    spent = {k: list(sweeps.loc[k, "rounds_spent"]) for k in (("fedavg", "pbt"), ("fedavg", "pb2"))}
+    assert (
+        "FedAvg's PBT sweeps {}, {} and {}, PB2's {}, {} and {}".format(
+            *spent["fedavg", "pbt"], *spent["fedavg", "pb2"]
+        )
+        in page
+    )
+    gpfl = [r for s in ("pbt", "pb2") for r in sweeps.loc[("gpfl", s), "rounds_spent"]]
+    assert f"GPFL's {min(gpfl)} to {max(gpfl)}; ASHA's trained all 160" in page
+    assert set(sweeps.loc[[("fedavg", "asha"), ("gpfl", "asha")], "rounds_spent"]) == {160}
+
+    def unperturbed_best(sweep: str) -> set[str]:  # first-population trials no exploit reached that reached the best
+        trials = (folder / "lineages" / sweep).iterdir()  # named by index, run id and values: the same draw alike
+        lineages = {
+            "_".join(t.name.split("_")[2:3] + t.name.split("_")[5:]): pd.read_parquet(t / "rounds.parquet")
+            for t in trials
+        }
+        best = max(r["val_acc"].max() for r in lineages.values())
+        return {name for name, r in lineages.items() if r["trial"].nunique() == 1 and r["val_acc"].max() == best}
+
+    for seed in (0, 1):
+        pbt_best, pb2_best = (sweeps.loc[("fedavg", s), "best_val_acc"].iloc[seed] for s in ("pbt", "pb2"))
+        assert pbt_best == pb2_best and unperturbed_best(f"fedavg-pbt-seed{seed}") & unperturbed_best(
+            f"fedavg-pb2-seed{seed}"
+        )
+    assert "in both sweeps of each seed, a trial of their shared first population that no exploit reached" in page
