@@ -914,6 +914,7 @@ def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_bac
     res = CliRunner().invoke(app, command)
     assert res.exit_code == 0, res.output
     top = tmp_path / "runs" / "roster-tuned"
+    assert "| method " in res.output and "rank defaults → tuned" in res.output  # the fair table, on the console too
     search = [t["params"] for t in trials(top / "search")]
     for method in ("fedavg", "local"):
         mine = [p for p in search if p["cell"]["method"] == method]

@@ -256,6 +256,11 @@ def reproduce(
             tables[(tables["paper"] == paper_name) & (tables["table"] == table_name)] if not tables.empty else tables
         )
     if tune:
+        from tuner.report.fair import fair_markdown
+
+        fair_methods, fair_columns = result["fair"]
+        if not fair_methods.empty:
+            console.print(fair_markdown(fair_methods, fair_columns), markup=False, highlight=False, soft_wrap=True)
         console.print(f"every method tuned at the same budget: {sweep_dir / 'report' / 'fair.md'}", markup=False)
         console.print(f"tuned settings: {tuned_dir} (tuner run METHOD --tuned SETTING)", markup=False)
     console.print(f"tables and plots in {sweep_dir / 'report'}")
