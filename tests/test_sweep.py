@@ -1082,3 +1082,67 @@ def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_ro
     for seen in midway:
         now = next(t for t in after if t["dir"] == seen["dir"])
         assert [r["round"] for r in now["rows"]].count(1) == [r["round"] for r in seen["rows"]].count(1)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_tuned_comparison_stopped_by_ctrl_c_mid_search_resumes_to_the_end_running_no_finished_trial_again(
+    tmp_path, spawn
+):
+    """Ctrl-C once the search stage has a trial under way: one line, exit 130, the defaults stage done and recorded;
+    --resume runs the rest (the search's unfinished trials from their checkpoints) and writes the fair table."""
+    command = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "reproduce",
+        "roster",
+        "--tune",
+        "--method",
+        "fedavg",
+        "--trials",
+        "2",
+        "--seeds",
+        "2",
+        "--rounds",
+        "30",
+        "--storage",
+        str(tmp_path),
+        "--tuned-dir",
+        str(tmp_path / "tuned"),
+        "--space-dir",
+        str(ROOT / "search_spaces"),
+        "--max-concurrent",
+        "1",
+        "--set",
+        "dataset=digits",
+        "--set",
+        "clients=4",
+        "--set",
+        "executor=sequential",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
+    proc = spawn(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    search, deadline = tmp_path / "roster-tuned" / "search", time.time() + 300
+    while not [t for t in trials_so_far(search) if t["rows"]]:
+        assert proc.poll() is None and time.time() < deadline, "the comparison ended before its search began"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in out and "--resume" in out, out
+    record = yaml.safe_load((tmp_path / "roster-tuned" / "comparison.yaml").read_text())
+    assert record["done"] == ["defaults"] and record["wall_s"] > 0
+    defaults = {t["dir"].name: len(t["rows"]) for t in trials(tmp_path / "roster-tuned" / "defaults")}
+    res = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {t["dir"].name: len(t["rows"]) for t in trials(tmp_path / "roster-tuned" / "defaults")} == defaults
+    searched = trials(search)
+    assert len(searched) == 2 and all(
+        set(r["round"] for r in t["rows"]) == set(range(1, 31)) for t in searched if t["rows"][-1]["round"] == 30
+    )
+    assert (tmp_path / "roster-tuned" / "report" / "fair.md").exists()
+    assert yaml.safe_load((tmp_path / "roster-tuned" / "comparison.yaml").read_text())["done"] == [
+        "defaults",
+        "search",
+        "seeds",
+    ]
