@@ -352,6 +352,18 @@ def _sweep_cmd(space, storage, *extra):
     ]
 
 
+def _resume_one_at_a_time(space, storage, env):
+    """The sweep resumed in a process of its own, one trial at a time, to its end."""
+    return subprocess.run(
+        _sweep_cmd(space, storage, "--max-concurrent", "1", "--resume"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing_no_trial_and_running_none_twice(
@@ -420,14 +432,7 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     before = {
         t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)
     }  # the kill may have cut a file mid-write
-    res = subprocess.run(
-        _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    res = _resume_one_at_a_time(space, tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
     after = trials(experiment)
@@ -708,14 +713,7 @@ def test_a_cluster_that_vanishes_under_a_sweep_is_one_sentence_and_a_sweep_never
         gcs = re.search(r"joined the Ray cluster at ([\d.]+:\d+): 1 node, 1 CPU, 0 GPUs", out)  # its size: whose it is
         assert gcs and gcs[1].endswith(f":{port}") and proc.returncode == 1 and "Traceback" not in out, out
         assert last.startswith(f"error: The Ray cluster at {gcs[1]} stopped answering") and "--resume" in last, out
-        res = subprocess.run(
-            _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
+        res = _resume_one_at_a_time(space, tmp_path, env)
         assert res.returncode == 0 and "joined" not in res.stdout, res.stdout + res.stderr
         assert sorted(t["rows"][-1]["round"] for t in trials(experiment)) == [30, 30]
     finally:
@@ -1065,14 +1063,7 @@ def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_ro
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    res = subprocess.run(
-        _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    res = _resume_one_at_a_time(space, tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
     after = trials(experiment)
     assert len(after) == 3

@@ -3,6 +3,7 @@ and figures (the selection rule's choice), and the mean ± std of its seed rerun
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -17,17 +18,12 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
     """One row per sweep: trials run, failed and stopped early, the best trial's searched values and
     figures, and the mean ± std of its seed reruns where the sweep made them."""
     out = []
-    search = summaries[summaries["stage"] == "search"]
-    # a tuned comparison's search experiment holds a search a table cell: each is a sweep of its own here
-    cell = ["experiment", "method", "dataset", "partition", "clients", "backbone"]
-    for (experiment, *_), trials in search.groupby(cell, sort=True):
-        sweep_dir = Path(experiment).parent
-        several = search.loc[search["experiment"] == experiment, cell].drop_duplicates().shape[0] > 1
+    for sweep_dir, label, trials in searches(summaries):
         scored = trials[trials[SCORE].notna()]
         unfinished = int(((trials["rounds_run"] < trials["rounds_planned"]) & (trials["failed"] == "")).sum())
         running = lock_holder(sweep_dir)  # while the sweep runs, an unfinished trial may be running, not stopped
         row = {
-            "sweep": f"{sweep_dir.name}/{cell_label(trials)}" if several else sweep_dir.name,
+            "sweep": f"{sweep_dir.name}/{label}" if label else sweep_dir.name,
             "path": str(sweep_dir),
             "method": trials["title"].iloc[0],
             "trials": len(trials),
@@ -51,13 +47,27 @@ def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:
                 "config": ", ".join(f"{n}={_short(setting_value(cfg, n))}" for n in runs[best.name]["searched"]),
             }
         reruns = summaries[(summaries["stage"] == "seeds") & (summaries["experiment"] == str(sweep_dir / "seeds"))]
-        if several:  # this cell's reruns only
-            reruns = reruns.merge(trials[cell[1:]].drop_duplicates(), on=cell[1:])
+        if label:  # this cell's reruns only
+            reruns = reruns.merge(trials[CELL].drop_duplicates(), on=CELL)
         seeds = reruns["selected_acc"].dropna()
         if len(seeds):
             row |= {"seeds": len(seeds), "seeds_mean": float(seeds.mean()), "seeds_std": float(seeds.std(ddof=0))}
         out.append(row)
     return pd.DataFrame(out)
+
+
+# a tuned comparison's search experiment holds a search a table cell: each is a sweep of its own in the report
+CELL = ["method", "dataset", "partition", "clients", "backbone"]
+
+
+def searches(summaries: pd.DataFrame) -> Iterator[tuple[Path, str | None, pd.DataFrame]]:
+    """Each search the sweeps ran: its sweep's folder, its cell's label where its experiment searched several cells
+    (a tuned comparison's), and its trials."""
+    search = summaries[summaries["stage"] == "search"]
+    for experiment, in_experiment in search.groupby("experiment", sort=True):
+        cells = in_experiment.groupby(CELL, sort=True, dropna=False)
+        for _, trials in cells:
+            yield Path(str(experiment)).parent, cell_label(trials) if cells.ngroups > 1 else None, trials
 
 
 def cell_label(trials: pd.DataFrame) -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from tuner.data.user_data import is_user_data
 from tuner.files import write_atomic
-from tuner.report.best import cell_label, setting_value
+from tuner.report.best import searches, setting_value
 from tuner.report.runs import best_run
 
 
@@ -85,18 +85,14 @@ def plot_sweeps(runs: list[dict], summaries: pd.DataFrame, out: Path) -> list[Pa
     import matplotlib.pyplot as plt
 
     files = []
-    search = summaries[summaries["stage"] == "search"]
-    # a tuned comparison's search experiment holds a search a table cell: a figure each
-    cell = ["experiment", "method", "dataset", "partition", "clients", "backbone"]
-    for (experiment, *_), trials in search.groupby(cell):
+    for sweep_dir, label, trials in searches(summaries):
         chosen = best_run(trials)
         if chosen is None:  # a cell the setting refused: every trial failed before a round
             continue
         first = runs[trials.index[0]]
         values = {n: [setting_value(runs[i]["config"], n) for i in trials.index] for n in first["searched"]}
         log = [n for n, xs in values.items() if _log_scale(first, n, xs)]
-        several = search.loc[search["experiment"] == experiment, cell].drop_duplicates().shape[0] > 1
-        name = Path(experiment).parent.name + (f"-{cell_label(trials)}" if several else "")
+        name = sweep_dir.name + (f"-{label}" if label else "")
         fig = sweep_figure(
             values, list(100 * trials["selected_acc"]), list(trials.index).index(chosen), log, f"sweep {name}"
         )
