@@ -125,7 +125,7 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
         assert list(t["dir"].glob("checkpoint_*/simulation.pt"))
     experiment = yaml.safe_load((tmp_path / "fedavg-tiny" / "search" / "experiment.yaml").read_text())
     # Trials reuse their worker process, and a trial run in a used worker equals a fresh run of its config.
-    by_start = sorted(search, key=lambda t: t["rows"][0]["timestamp"] - t["rows"][0]["time_total_s"])
+    by_start = sorted(search, key=lambda t: t["rows"][0]["reported_at"] - t["rows"][0]["time_total_s"])
     reused = [t for i, t in enumerate(by_start) if t["rows"][0]["pid"] in {u["rows"][0]["pid"] for u in by_start[:i]}]
     assert reused, [t["rows"][0]["pid"] for t in by_start]
     assert [r["acc"] for r in reused[0]["rows"]] == fresh_accuracies(experiment["settings"], reused[0]["params"])
@@ -166,8 +166,7 @@ def test_tied_trials_name_the_trial_that_started_first_in_the_console_summary_an
     assert res.exit_code == 0, res.output
     search = trials(tmp_path / "fedavg-tie" / "search")
     assert len({t["rows"][-1]["score"] for t in search}) == 1  # a tie for ASHA, Optuna's study and the console alike
-    # Tune starts trials in the order it creates them, and each folder begins with that count (one trial at a time
-    # here; Ray's timestamps are whole seconds, too coarse to order trials of a second each).
+    # Tune starts trials in the order it creates them, and each folder begins with that count (one trial at a time).
     first = next(t for t in search if t["dir"].name.startswith("federated_trial_00001_"))["params"]["checkpoint_every"]
     assert f"checkpoint_every={first}" in res.output
     assert yaml.safe_load((tmp_path / "fedavg-tie" / "summary.yaml").read_text())["best_config"] == {
@@ -481,12 +480,20 @@ PLACEMENT = textwrap.dedent("""
     from tuner.space import load_space
     from tuner.sweep.cluster import Resources
     from tuner.sweep.stages import sweep
+    from tuner.cli import app
+    from typer.testing import CliRunner
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     workers = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     space = load_space(sys.argv[1], "fedavg")
     sweep(space, Path(sys.argv[2]) / "gpu", Resources(cpus_per_trial=1, gpus_per_trial=0.5, address=cluster.address))
+    tuned = CliRunner().invoke(app, [  # a tuned comparison's three stages on the same cluster
+        "reproduce", "roster", "--tune", "--method", "fedavg", "--trials", "2", "--seeds", "2", "--rounds", "2",
+        "--grace", "1", "--set", "dataset=digits", "--set", "clients=4", "--storage", sys.argv[2],
+        "--tuned-dir", str(Path(sys.argv[2]) / "tuned"), "--address", cluster.address, "--gpus-per-trial", "0.5",
+    ])
+    assert tuned.exit_code == 0, tuned.output
     print(json.dumps({"workers": [w.node_id for w in workers], "head": cluster.head_node.node_id}), flush=True)
     ray.shutdown()
     cluster.shutdown()
@@ -495,7 +502,7 @@ PLACEMENT = textwrap.dedent("""
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
+def test_trials_of_a_sweep_and_a_tuned_comparison_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
     space = tmp_path / "gpu.yaml"
     space.write_text(TINY.replace("samples: 3", "samples: 4"))  # two GPUs of two half-GPU trials each
     script = tmp_path / "placement.py"
@@ -518,11 +525,16 @@ def test_trials_land_where_the_gpus_are_and_never_exceed_them(tmp_path):
         first, last = t["rows"][0], t["rows"][-1]
         assert first["node"] in nodes["workers"] and first["gpu_ids"] != ""  # never on the GPU-less head
         spans.setdefault((first["node"], first["gpu_ids"]), []).append(
-            (first["timestamp"] - first["time_total_s"], last["timestamp"])
+            (first["reported_at"] - first["time_total_s"], last["reported_at"])  # Ray's timestamp: whole seconds
         )
     for gpu, intervals in spans.items():  # half a GPU each: at most two trials share one at any moment
         for start, _ in intervals:
             assert sum(s <= start < e for s, e in intervals) <= 2, gpu
+    # a tuned comparison spreads its defaults, search and seed reruns over the cluster's GPU nodes alike
+    for stage in ("defaults", "search", "seeds"):
+        ts = trials(tmp_path / "roster-tuned" / stage)
+        assert len(ts) == 2 and (stage == "search" or all(t["rows"][-1]["round"] == 2 for t in ts)), stage  # ASHA
+        assert all(t["rows"][0]["node"] in nodes["workers"] and t["rows"][0]["gpu_ids"] != "" for t in ts), stage
 
 
 def test_reproduce_lists_the_cells_the_local_data_allows():

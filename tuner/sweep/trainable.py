@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,8 @@ def federated_trial(
 
         def report(checkpointed: bool) -> None:
             """The state's last round, with the selection rule's figures (and the whole state where checkpointed)."""
-            metrics = {**placement, **sim.history[-1], **selection(sim.history, select)}
+            # when, to the microsecond (Ray's timestamp is whole seconds): trials of a second are ordered by it
+            metrics = {**placement, "reported_at": time.time(), **sim.history[-1], **selection(sim.history, select)}
             if not checkpointed:
                 tune.report(metrics)
                 return
