@@ -99,6 +99,7 @@ def comparison_rows(tmp_path: Path) -> pd.DataFrame:
         for stage, values in (("defaults", defaults), ("seeds", tuned)):
             rows += [
                 dict(stage=stage, method=method, title=method.upper(), seed=i + 1, selected_acc=v, rounds_run=5)
+                | {"rounds_planned": 5}
                 for i, v in enumerate(values)
             ]
         rows += [dict(stage="search", method=method, title=method.upper(), seed=0, selected_acc=0.5, rounds_run=3)] * 2
@@ -136,6 +137,7 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
     assert col["training_share"] == pytest.approx(3 * 8 * 10 / 200)  # 24 runs of 10 s in 100 s × 2 slots
     text = fair_markdown(methods, columns)
     assert "GPFL first at defaults: no; tuned: yes" in text and "not distinguishable" in text
+    assert "### fmnist-dir0.1-20c-mlp (gpfl-table1; 5 rounds; 3 seeds paired)" in text  # its backbone and rounds
     assert "Not run at this setting: FedBN: FedBN keeps batch-norm layers local" in text and "| FedBN" not in text
 
 

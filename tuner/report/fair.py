@@ -94,6 +94,7 @@ def _column_row(frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: st
         "table": table,
         "setting": setting,
         **{k: runs[k].iloc[0] for k in DATA_SETTINGS},
+        "rounds": int(runs.loc[runs["stage"] == "defaults", "rounds_planned"].max()),
         "methods": len(ranked),
         "kendall_tau": float(tau),
         "own_method": own or "",
@@ -172,7 +173,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
         if not math.isnan(col.training_share):
             lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
         parts.append(
-            f"### {col.setting} ({col.table}; seeds {', '.join(map(str, seeds))} paired)\n\n"
+            f"### {col.setting} ({col.table}; {col.rounds} rounds; {' or '.join(map(str, seeds))} seeds paired)\n\n"
             + body.to_markdown(index=False)
             + "\n\n"
             + "\n".join(f"- {line}" for line in lines)
