@@ -91,6 +91,11 @@ def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
     assert list(pd.read_parquet(tmp_path / "metrics.parquet")["round"]) == [1, 2]
     real = invoke("run", "fedavg", *DIGITS, "--rounds", "2", "--out", str(tmp_path / "real"), "--set", "lr=1e6")
     assert real.exit_code == 3 and "diverged" in real.output
+    # a method's own step sizes named with their values: pFedMe's λ and personal learning rate diverge it too
+    pfedme = invoke("run", "pfedme", *DIGITS, "--rounds", "1", "--out", str(tmp_path / "p"), "--set", "lam=1e6")
+    said = " ".join(pfedme.output.split())
+    assert pfedme.exit_code == 3 and "lower the learning rate (lr=0.005) or the step its own settings" in said, said
+    assert "lam=1e+06" in said
 
 
 def test_resume_refuses_another_method(tmp_path):

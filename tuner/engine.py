@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 import torch.nn.functional as F
@@ -194,9 +194,18 @@ class Simulation:
         n = torch.tensor([self.data.train.counts[i] for i in ids], dtype=torch.float64)
         train_loss = float((client_loss * n).sum() / n.sum())
         if not math.isfinite(train_loss):
+            # a method's float hyperparameters are 0-dim tensors by now (hyperparameter_inputs)
+            floats = {
+                k: float(v)
+                for k, v in asdict(self.method.hp).items()
+                if isinstance(v, float) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+            }
+            own = ", ".join(f"{k}={v:.4g}" for k, v in floats.items())
             raise DivergedError(
                 f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning "
-                "rate (lr) and run again."
+                f"rate (lr={float(self.method.training.lr):.4g})"
+                + (f" or the step its own settings take ({own})" if own else "")
+                + " and run again."
             )
         self.round = rnd
         self._broadcast(list(range(self.data.num_clients)))
