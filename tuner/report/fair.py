@@ -164,9 +164,10 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
         ]
         if col.own_first_tuned is not None:
             title = papers.TABLES[col.table].paper
+            runner_up = t.loc[t["method"] == col.runner_up, "title"].iloc[0]
             lines.append(
                 f"{title} first at defaults: {'yes' if col.own_first_defaults else 'no'}; tuned: "
-                f"{'yes' if col.own_first_tuned else 'no'}; tuned, against the best other ({col.runner_up}): "
+                f"{'yes' if col.own_first_tuned else 'no'}; tuned, against the best other ({runner_up}): "
                 + _interval(col.to_runner_up, col.to_runner_up_low, col.to_runner_up_high)
             )
         lines += [f"Not run at this setting: {r.title}: {r.refused}" for r in refused.itertuples()]
