@@ -520,18 +520,65 @@ def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their
     assert f"GPFL's {min(gpfl)} to {max(gpfl)}; ASHA's trained all 160" in page
     assert set(sweeps.loc[[("fedavg", "asha"), ("gpfl", "asha")], "rounds_spent"]) == {160}
 
-    def unperturbed_best(sweep: str) -> set[str]:  # first-population trials no exploit reached that reached the best
-        trials = (folder / "lineages" / sweep).iterdir()  # named by index, run id and values: the same draw alike
-        lineages = {
-            "_".join(t.name.split("_")[2:3] + t.name.split("_")[5:]): pd.read_parquet(t / "rounds.parquet")
-            for t in trials
-        }
-        best = max(r["val_acc"].max() for r in lineages.values())
-        return {name for name, r in lineages.items() if r["trial"].nunique() == 1 and r["val_acc"].max() == best}
-
     for seed in (0, 1):
         pbt_best, pb2_best = (sweeps.loc[("fedavg", s), "best_val_acc"].iloc[seed] for s in ("pbt", "pb2"))
-        assert pbt_best == pb2_best and unperturbed_best(f"fedavg-pbt-seed{seed}") & unperturbed_best(
-            f"fedavg-pb2-seed{seed}"
+        assert pbt_best == pb2_best and unperturbed_best(folder, f"fedavg-pbt-seed{seed}") & unperturbed_best(
+            folder, f"fedavg-pb2-seed{seed}"
         )
     assert "in both sweeps of each seed, a trial of their shared first population that no exploit reached" in page
+
+
+def unperturbed_best(folder: Path, sweep: str) -> set[str]:
+    """The trials of a population sweep's first population that no exploit reached and that reached its best."""
+    trials = (folder / "lineages" / sweep).iterdir()  # named by index, run id and values: the same draw alike
+    lineages = {
+        "_".join(t.name.split("_")[2:3] + t.name.split("_")[5:]): pd.read_parquet(t / "rounds.parquet") for t in trials
+    }
+    best = max(r["val_acc"].max() for r in lineages.values())
+    return {name for name, r in lineages.items() if r["trial"].nunique() == 1 and r["val_acc"].max() == best}
+
+
+def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_and_their_lineages():
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "results/schedulers-fmnist"
+    sweeps = pd.DataFrame(json_file(folder / "comparison.json")["figures"]["sweeps"]).set_index(["method", "scheduler"])
+    page = " ".join((root / "docs/sweeps.md").read_text().split())
+    spent = {k: sweeps.loc[k, "rounds_spent"].tolist() for k in sweeps.index.unique()}
+    assert (
+        "FedAvg's PBT sweeps trained {}, {} and {} of their 40 rounds, PB2's {}, {} and {}; GPFL's PBT {}, {} and {}, "
+        "PB2's {}, {} and {}".format(
+            *spent["fedavg", "pbt"], *spent["fedavg", "pb2"], *spent["gpfl", "pbt"], *spent["gpfl", "pb2"]
+        )
+        in page
+    )
+    asha = spent["fedavg", "asha"] + spent["gpfl", "asha"]
+    assert f"ASHA's 8 trials trained {min(asha)} to {max(asha)}" in page
+    mean = sweeps.groupby(level=[0, 1])["best_val_acc"].mean() * 100
+    assert (
+        round(mean["fedavg", "pbt"] - mean["fedavg", "asha"])
+        == round(mean["fedavg", "pb2"] - mean["fedavg", "asha"])
+        == 2
+    )
+    assert "about 2 points above ASHA's on the mean" in page
+    gpfl = mean["gpfl"]
+    assert gpfl.max() - gpfl.min() <= 0.2 and "the three end within 0.2 points of each other" in page
+    anytime = {k: [100 * sum(a[i] for a in sweeps.loc[k, "anytime"]) / 3 for i in range(4)] for k in spent}
+    assert (
+        f"({anytime['gpfl', 'asha'][0]:.1f} % after a quarter of the budget against {anytime['gpfl', 'pbt'][0]:.1f} %)"
+        in page
+    )
+    for method in ("fedavg", "gpfl"):  # "ASHA leads for the first half" / "far ahead for the first half"
+        assert all(anytime[method, "asha"][i] > anytime[method, s][i] for i in (0, 1) for s in ("pbt", "pb2"))
+    ties = [
+        (method, seed)
+        for method in ("fedavg", "gpfl")
+        for seed in range(3)
+        if sweeps.loc[(method, "pbt"), "best_val_acc"].iloc[seed]
+        == sweeps.loc[(method, "pb2"), "best_val_acc"].iloc[seed]
+    ]
+    assert ties == [("fedavg", 2), ("gpfl", 0), ("gpfl", 1), ("gpfl", 2)]
+    assert "the same best for GPFL under all three seeds and for FedAvg under seed 2" in page
+    for method, seed in ties:
+        pbt, pb2 = (unperturbed_best(folder, f"{method}-{s}-seed{seed}") for s in ("pbt", "pb2"))
+        assert pbt & pb2, (method, seed)
+    assert "On GPFL the perturbations never beat the first draws" in page
