@@ -195,12 +195,11 @@ class Simulation:
         train_loss = float((client_loss * n).sum() / n.sum())
         if not math.isfinite(train_loss):
             # a method's float hyperparameters are 0-dim tensors by now (hyperparameter_inputs)
-            floats = {
-                k: float(v)
+            own = ", ".join(
+                f"{k}={float(v):.4g}"
                 for k, v in asdict(self.method.hp).items()
                 if isinstance(v, float) or (isinstance(v, torch.Tensor) and v.numel() == 1)
-            }
-            own = ", ".join(f"{k}={v:.4g}" for k, v in floats.items())
+            )
             raise DivergedError(
                 f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning "
                 f"rate (lr={float(self.method.training.lr):.4g})"
