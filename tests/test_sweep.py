@@ -56,6 +56,44 @@ def trials_so_far(experiment: Path) -> list[dict]:
     return out
 
 
+def checkpointed_states(trial_dir: Path) -> list[list[dict]]:
+    """The rounds each of a trial's checkpointed states went through (round, trial, ran_at, searched values), oldest
+    checkpoint first; one a kill cut mid-copy is left out. Ray Tune's result.json cannot count the rounds a trial
+    trained across a kill: restarting a trial, Tune copies the storage's copy over the one it writes, and rows
+    reported since the last copy are gone (`_restore_from_remote`, ray/tune/logger/logger.py)."""
+    from tuner.schedule import ROUNDS_FILE, read_rounds
+
+    states = []
+    for rounds in sorted(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}")):
+        try:
+            states.append(read_rounds(rounds)[0])
+        except (OSError, ValueError):
+            continue
+    return states
+
+
+def recorded_checkpoints(experiment: Path) -> dict[Path, int]:
+    """Each trial's latest checkpointed round that Ray Tune's saved experiment state records: what --resume restores
+    it from. A trial writes its checkpoint, then Tune records it and saves its state every TUNE_GLOBAL_CHECKPOINT_S;
+    a kill in between restores the one before (seen: a kill 0.4 s after a first checkpoint ran the trial again from
+    round 1). Empty while the state is being written (a partial file)."""
+    import cloudpickle
+
+    states = sorted(experiment.glob("experiment_state-*.json")) if experiment.exists() else []
+    try:
+        saved = json.loads(states[-1].read_text())["trial_data"] if states else []
+    except (json.JSONDecodeError, KeyError):
+        return {}
+    recorded = {}
+    for trial, runtime in saved:
+        manager = json.loads(runtime)["checkpoint_manager"]["value"]
+        latest = cloudpickle.loads(bytes.fromhex(manager)).latest_checkpoint_result
+        if latest is not None:
+            trial_id = json.loads(trial)["trial_id"]
+            recorded[next(d for d in experiment.glob(f"*_{trial_id}*") if d.is_dir())] = latest.metrics["round"]
+    return recorded
+
+
 def fresh_accuracies(base: dict, params: dict) -> list[float]:
     """A trial's per-round accuracies, run here in this process on one thread as its worker runs it."""
     import torch
@@ -403,7 +441,7 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
     assert len(last_rounds) == 2 and last_rounds[0] == 60 and last_rounds[1] < 60, (last_rounds, out)
     assert "Stopped with 2 trials unfinished" in " ".join(out.split()) and "--resume" in out, out
 
-    stopped = {t["dir"].name: len(t["rows"]) for t in trials(experiment)}
+    stopped = recorded_checkpoints(experiment)
     proc = spawn(
         _sweep_cmd(space, tmp_path, "--max-concurrent", "1", "--resume"),
         cwd=ROOT,
@@ -412,41 +450,36 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
-    while True:  # killed once a trial has gone on in this sweep and checkpointed, short of its last round
-        midway = [
-            t
-            for t in trials_so_far(experiment)
-            if len(t["rows"]) > stopped.get(t["dir"].name, 0)
-            and t["rows"][-1]["round"] < 60
-            and list(t["dir"].glob("checkpoint_*"))
-        ]
-        if midway:
-            break
+    # killed once Tune has recorded a checkpoint of a trial gone on in this sweep, short of its last round
+    while not (midway := {d: r for d, r in recorded_checkpoints(experiment).items() if stopped.get(d, 0) < r < 60}):
         assert proc.poll() is None and time.time() < deadline, (
             "the resumed sweep was never seen with a trial checkpointed mid-way"
         )
         time.sleep(0.1)
+    killed_at = time.time()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {
-        t["dir"].name: [r["round"] for r in t["rows"]] for t in trials_so_far(experiment)
-    }  # the kill may have cut a file mid-write
+    before = {d: checkpointed_states(d) for d in experiment.iterdir() if d.is_dir()}  # the finished trial's
     res = _resume_one_at_a_time(space, tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "3/3" in res.stdout, res.stdout  # the progress line counts the trial finished before the kill
     after = trials(experiment)
     assert len(after) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in after}) == 3
     for t in after:
-        rounds = [r["round"] for r in t["rows"]]
-        assert rounds[-1] == 60 and set(rounds) == set(range(1, 61)), rounds
-        if before.get(t["dir"].name, [0])[-1] == 60:  # a finished trial is not run again
-            assert rounds == before[t["dir"].name]
-        # whole when seen, as a kill may not leave it
-        seen = next((m["rows"] for m in midway if m["dir"] == t["dir"]), None)
-        if seen:  # the killed one goes on from its checkpoint, not from round 1
-            assert rounds.count(1) == [r["round"] for r in seen].count(1), rounds
+        final = checkpointed_states(t["dir"])[-1]
+        assert [r["round"] for r in final] == list(range(1, 61)), final
+        if before.get(t["dir"]) and before[t["dir"]][-1][-1]["round"] == 60:  # a finished trial is not run again
+            assert final == before[t["dir"]][-1]
+    for (
+        d,
+        recorded,
+    ) in midway.items():  # a killed trial went on from its recorded checkpoint: those rounds not run again
+        final = checkpointed_states(d)[-1]
+        assert all(r["ran_at"] < killed_at for r in final[:recorded]), (recorded, final, killed_at)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
     # A SIGTERM test once saw a trial report round 8 of 8 and the stop land before Tune completed it:
     # the sweep called it unfinished while its rows were whole.
@@ -1043,15 +1076,16 @@ def test_population_training_on_ray_exploits_and_the_replay_it_prints_reruns_its
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_round_twice(tmp_path, spawn):
-    """PBT over 3 trials of 30 rounds, one at a time, killed (SIGKILL, the whole group) once a trial has checkpointed
-    short of its last round; --resume ends every trial: each state's lineage holds rounds 1 to 30 once, and the
-    killed trial went on from its checkpoint (its reports of round 1 no more than before the kill)."""
-    from tuner.schedule import ROUNDS_FILE, read_rounds
-
+    """PBT over 3 trials of 30 rounds, one at a time, killed (SIGKILL, the whole group) once Tune's saved state records
+    a trial's checkpoint short of its last round; --resume ends every trial: each state's lineage holds rounds 1 to
+    30 once, and the killed trial went on from a checkpoint: the first state it checkpointed after the kill began
+    with a round 1 run before it. A perturbation every 10 rounds: 3 checkpoints a trial, all kept (4 are), so that
+    state is still there when the sweep ends; no exploit can come before it, as a trial is exploited only when it
+    reports."""
     space = tmp_path / "pbt.yaml"
     space.write_text(
         TINY.replace("rounds: 3, checkpoint_every: 2", "rounds: 30").replace(
-            "samples: 3", "samples: 3\nscheduler: {kind: pbt, perturbation_interval: 5}"
+            "samples: 3", "samples: 3\nscheduler: {kind: pbt, perturbation_interval: 10}"
         )
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
@@ -1064,27 +1098,28 @@ def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_ro
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
-    while not (
-        midway := [
-            t
-            for t in trials_so_far(experiment)
-            if t["rows"] and t["rows"][-1]["round"] < 30 and list(t["dir"].glob(f"checkpoint_*/{ROUNDS_FILE}"))
-        ]
-    ):
+    # killed once Tune has recorded a trial's checkpoint short of its last round (what --resume restores it from)
+    while not (midway := [d for d, r in recorded_checkpoints(experiment).items() if r < 30]):
         assert proc.poll() is None and time.time() < deadline, "the sweep was never seen with a trial checkpointed"
         time.sleep(0.1)
+    killed_at = time.time()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # every state checkpointed before the kill, of every trial: a state restored from any of them (a donor's, where
+    # the kill came as an exploit handed one over) begins with one of these rounds 1
+    first_rounds = {(s[0]["trial"], s[0]["ran_at"]) for d in experiment.iterdir() for s in checkpointed_states(d)}
     res = _resume_one_at_a_time(space, tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
     after = trials(experiment)
     assert len(after) == 3
     for t in after:
-        lineage = read_rounds(max(t["dir"].glob(f"checkpoint_*/{ROUNDS_FILE}")))[0]
+        lineage = checkpointed_states(t["dir"])[-1]
         assert [r["round"] for r in lineage] == list(range(1, 31)), (t["dir"].name, lineage)
-    for seen in midway:
-        now = next(t for t in after if t["dir"] == seen["dir"])
-        assert [r["round"] for r in now["rows"]].count(1) == [r["round"] for r in seen["rows"]].count(1)
+    for d in midway:  # none where the kill came as a donor's last state was handed over: the trial trained no more
+        trained = [s for s in checkpointed_states(d) if s[-1]["ran_at"] > killed_at]
+        if trained:
+            resumed = min(trained, key=lambda s: min(r["ran_at"] for r in s if r["ran_at"] > killed_at))
+            assert (resumed[0]["trial"], resumed[0]["ran_at"]) in first_rounds, (resumed, killed_at)
 
 
 @pytest.mark.ray

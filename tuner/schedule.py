@@ -2,8 +2,9 @@
 state went through its donors' rounds and its own, each with the values it had then) and what `tuner run
 --schedule FILE` replays from round 1.
 
-A sweep's trial writes `rounds.parquet` beside each checkpoint: each round's figures, the trial that ran it and
-its searched settings' values, which the file's `settings` metadata names. A schedule file is such a file, or a
+A sweep's trial writes `rounds.parquet` beside each checkpoint: each round's figures, the trial that ran it, when it
+ended (`ran_at`, seconds since the epoch: a round run again after a kill has another) and its searched settings'
+values, which the file's `settings` metadata names. A schedule file is such a file, or a
 CSV or Parquet file of a `round` column and one column a setting. Replaying (tuner/run.py) changes settings where
 the trial did, between two rounds, the way an exploit does: the next round's simulation is built with the new
 values and takes the state the last one left, so it runs what the trial ran."""
@@ -21,12 +22,13 @@ from tuner.errors import UserError, first_sentence
 from tuner.files import write_atomic
 
 ROUNDS_FILE = "rounds.parquet"
+RAN_AT = "ran_at"
 SCHEDULE_FILE = "schedule.parquet"  # a replaying run's copy of its schedule, which --resume reads
 
 
 def write_rounds(path: Path, history: list[dict], ran: list[dict], settings: list[str]) -> None:
-    """A state's rounds: each round's figures (`history`) beside who ran it and the settings' values then (`ran`:
-    round, trial and one value a setting)."""
+    """A state's rounds: each round's figures (`history`) beside who ran it, when, and the settings' values then
+    (`ran`: round, trial, ran_at and one value a setting)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -40,12 +42,14 @@ def write_rounds(path: Path, history: list[dict], ran: list[dict], settings: lis
 
 
 def read_rounds(path: Path) -> tuple[list[dict], list[str]]:
-    """A rounds file's schedule rows (round, trial, the settings' values) and the settings' names."""
+    """A rounds file's schedule rows (round, trial, ran_at, the settings' values) and the settings' names. Files
+    written before rounds carried their time have no ran_at."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     settings = json.loads((table.schema.metadata or {}).get(b"settings", b"[]"))
-    return table.select(["round", "trial", *settings]).to_pylist(), settings
+    when = [RAN_AT] if RAN_AT in table.column_names else []
+    return table.select(["round", "trial", *when, *settings]).to_pylist(), settings
 
 
 def load_schedule(path: Path, cfg: RunConfig) -> pd.DataFrame:

@@ -3,9 +3,9 @@ selection rule's figures, checkpointed whole, and restored from its latest reada
 trial's (population-based training's exploit: this trial's settings over the donor's state).
 
 Beside each checkpoint, `rounds.parquet` holds every round its state went through: the round's figures, the
-trial that ran it and the values of the trial's searched settings then (its schedule, tuner/schedule.py; a
-donor's rounds come with its state). A trial handed a donor's state from the donor's last round has no round left
-to run and reports that state as its own, so its folder ends with it."""
+trial that ran it, when it ended, and the values of the trial's searched settings then (its schedule,
+tuner/schedule.py; a donor's rounds come with its state). A trial handed a donor's state from the donor's last
+round has no round left to run and reports that state as its own, so its folder ends with it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def federated_trial(
 
     from tuner.compile import auto_engine, use_cache
     from tuner.run import build_simulation
-    from tuner.schedule import ROUNDS_FILE, write_rounds
+    from tuner.schedule import RAN_AT, ROUNDS_FILE, write_rounds
     from tuner.sweep.trials import trial_config, trial_settings
 
     use_cache(compile_cache)
@@ -84,7 +84,7 @@ def federated_trial(
             report(checkpointed=True)
         while sim.round < cfg.rounds:
             sim.step()
-            schedule.append({"round": sim.round, "trial": trial, **searched})
+            schedule.append({"round": sim.round, "trial": trial, RAN_AT: time.time(), **searched})
             checkpoint_due = sim.round == cfg.rounds or sim.round % cfg.checkpoint_every == 0
             if checkpoint_due or sim.round % report_every == 0:
                 report(checkpointed=checkpoint_due)
