@@ -1115,10 +1115,16 @@ def test_a_pbt_sweep_killed_mid_trial_resumes_losing_no_trial_and_training_no_ro
     for t in after:
         lineage = checkpointed_states(t["dir"])[-1]
         assert [r["round"] for r in lineage] == list(range(1, 31)), (t["dir"].name, lineage)
-    for d in midway:  # none where the kill came as a donor's last state was handed over: the trial trained no more
-        trained = [s for s in checkpointed_states(d) if s[-1]["ran_at"] > killed_at]
-        if trained:
-            resumed = min(trained, key=lambda s: min(r["ran_at"] for r in s if r["ran_at"] > killed_at))
+    for d in midway:
+        trial_id = "_".join(d.name.split("_")[3:5])  # federated_trial_00000_<trial id>[_values]
+        # when the rounds this trial itself ran after the kill ended, state by state (a donor's come with its state)
+        own = [
+            ([r["ran_at"] for r in s if r["trial"].endswith(trial_id) and r["ran_at"] > killed_at], s)
+            for s in checkpointed_states(d)
+        ]
+        trained = [(min(times), s) for times, s in own if times]
+        if trained:  # none where the kill came as a donor's last state was handed over: it trained no more
+            resumed = min(trained, key=lambda t: t[0])[1]
             assert (resumed[0]["trial"], resumed[0]["ran_at"]) in first_rounds, (resumed, killed_at)
 
 
