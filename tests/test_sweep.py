@@ -77,7 +77,7 @@ def recorded_checkpoints(experiment: Path) -> dict[Path, int]:
     it from. A trial writes its checkpoint, then Tune records it and saves its state every TUNE_GLOBAL_CHECKPOINT_S;
     a kill in between restores the one before (seen: a kill 0.4 s after a first checkpoint ran the trial again from
     round 1). Empty while the state is being written (a partial file)."""
-    import cloudpickle
+    from ray import cloudpickle
 
     states = sorted(experiment.glob("experiment_state-*.json")) if experiment.exists() else []
     try:
@@ -470,16 +470,12 @@ def test_ctrl_c_is_one_line_and_130_and_a_sweep_stopped_or_killed_resumes_losing
         assert [r["round"] for r in final] == list(range(1, 61)), final
         if before.get(t["dir"]) and before[t["dir"]][-1][-1]["round"] == 60:  # a finished trial is not run again
             assert final == before[t["dir"]][-1]
-    for (
-        d,
-        recorded,
-    ) in midway.items():  # a killed trial went on from its recorded checkpoint: those rounds not run again
+    # a killed trial went on from its recorded checkpoint: the rounds up to it not run again
+    for d, recorded in midway.items():
         final = checkpointed_states(d)[-1]
         assert all(r["ran_at"] < killed_at for r in final[:recorded]), (recorded, final, killed_at)
 
 
-@pytest.mark.ray
-@pytest.mark.slow
 def test_a_trial_that_reported_its_last_round_is_done_even_if_the_stop_came_before_tune_completed_it():
     # A SIGTERM test once saw a trial report round 8 of 8 and the stop land before Tune completed it:
     # the sweep called it unfinished while its rows were whole.
