@@ -115,10 +115,13 @@ def anytime(sweep_dir: Path, scheduler: str, budget: int) -> tuple[int, list[flo
 
 def trained_rounds(trial: Path) -> int:
     """The rounds a trial trained: a report a round it ran (result.json keeps the rounds it ran before it took a
-    donor's state, which its rounds file drops; a donor's rounds it took are not its own). Not trials × the last
-    round: a trial that took a state from ahead skipped the rounds between."""
+    donor's state, which its rounds file drops; a donor's rounds it took are not its own, nor a donor's last state
+    handed over and reported). Not trials × the last round: a trial that took a state from ahead skipped the rounds
+    between. Exact from the commit that keeps every row across a trial's restarts (tuner/sweep/recovery.py
+    ResultRows); before it, Ray Tune's own writer dropped rows at each exploit and this undercounted."""
     result = trial / "result.json"
-    return sum(1 for line in result.read_text().splitlines() if line.strip()) if result.exists() else 0
+    rows = [json.loads(line) for line in result.read_text().splitlines() if line.strip()] if result.exists() else []
+    return sum(1 for row in rows if not row.get("handed_over"))
 
 
 def keep_lineages(sweep_dir: Path, out: Path) -> None:

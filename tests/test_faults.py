@@ -176,6 +176,69 @@ def _rows(trial_dir: Path) -> list[dict]:
     return rows
 
 
+def test_a_trial_restarted_within_a_stage_keeps_its_rows_where_ray_tunes_own_writers_lose_them(tmp_path):
+    """A trial reports rounds 1 and 2, Tune's saved state has copied only round 1 to the storage, and the trial
+    restarts in the same process (its worker died; a population's exploit restarts result.json's writer alone) and
+    reports round 3: the sweep's writers keep 1, 2, 3;
+    Ray Tune's own lose round 2 (what this replaces; a Ray that stops losing it fails here, and the replacement can
+    go). In a new process (--resume) the storage's rows are taken, as Tune does."""
+    import csv
+    import shutil
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from tuner.sweep.recovery import ProgressRows, ResultRows
+
+    def rounds(local: Path, name: str) -> list[int]:
+        if name == "result.json":
+            return [json.loads(line)["round"] for line in (local / name).read_text().splitlines()]
+        return [int(row["round"]) for row in csv.DictReader((local / name).open())]
+
+    class Trial(SimpleNamespace):  # what the writers read of Ray Tune's trial; hashed by identity, as it is
+        __hash__ = object.__hash__
+
+    def trial(folder: Path):
+        local, storage = folder / "staging", folder / "storage"
+        storage.mkdir(parents=True)
+        local.mkdir()
+        return Trial(
+            local_path=str(local),
+            init_local_path=lambda: None,
+            checkpoint=object(),  # a trial with a checkpoint is restored from the storage's rows
+            config={"lr": 0.1},
+            storage=SimpleNamespace(trial_fs_path=str(storage), storage_filesystem=pyarrow.fs.LocalFileSystem()),
+        )
+
+    for name, ours, tunes in (
+        ("result.json", ResultRows, JsonLoggerCallback),
+        ("progress.csv", ProgressRows, CSVLoggerCallback),
+    ):
+        kept = {}
+        for writer_class in (ours, tunes):
+            folder = tmp_path / name / writer_class.__name__
+            t, writer = trial(folder), writer_class()
+            writer.log_trial_start(t)
+            writer.log_trial_result(1, t, {"round": 1, "acc": 0.5})
+            shutil.copy(folder / "staging" / name, folder / "storage" / name)  # Tune's save, after round 1
+            writer.log_trial_result(2, t, {"round": 2, "acc": 0.6})
+            writer.log_trial_end(t, failed=True)  # its worker died, and Tune starts it again within the stage
+            writer.log_trial_start(t)
+            writer.log_trial_result(3, t, {"round": 3, "acc": 0.7})
+            writer.log_trial_end(t)
+            kept[writer_class] = rounds(folder / "staging", name)
+            if writer_class is ours:  # resumed in a new process: a staging folder of its own
+                t.local_path = str(folder / "resumed")
+                (folder / "resumed").mkdir()
+                writer = writer_class()
+                writer.log_trial_start(t)
+                writer.log_trial_result(2, t, {"round": 2, "acc": 0.6})  # round 2 again, as from the saved state
+                writer.log_trial_end(t)
+                assert rounds(folder / "resumed", name) == [1, 2], name
+        assert kept == {ours: [1, 2, 3], tunes: [1, 3]}, (name, kept)
+
+
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
     import torch
     from simulations import digits

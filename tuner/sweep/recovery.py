@@ -1,6 +1,7 @@
 """What a stage survives: a Ctrl-C or SIGTERM stops it cleanly (the search suggests no trial after it, Ray Tune saves
-its state), a storage that fills or goes read-only stops it as a Ctrl-C does with a reserve given back first, and a
-resumed stage gets back the trials Ray Tune lost with their worker and reads past error files cut short."""
+its state), a storage that fills or goes read-only stops it as a Ctrl-C does with a reserve given back first, a trial
+restarted within the stage keeps the rows it reported, and a resumed stage gets back the trials Ray Tune lost with
+their worker and reads past error files cut short."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ray.tune import Callback
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.search.optuna import OptunaSearch
 
 from tuner.errors import UserError
@@ -53,6 +55,27 @@ class StorageWatch(Callback):
             # where Tune catches it; elsewhere the sweep runs on
             if threading.current_thread() is threading.main_thread():
                 os.kill(os.getpid(), signal.SIGINT)
+
+
+class _KeepsWrittenRows:
+    """Ray Tune writes a trial's rows in the sweep process's staging folder and copies them to the storage with each
+    saved state; as a trial starts it copies the storage's file over the staging one (result.json each time,
+    ray/tune/logger/json.py; progress.csv after the trial ended, as a failed one does, csv.py; Ray 2.60), meant for
+    --resume in a new process. A trial restarted within the stage (a population's exploit, a worker that died) then
+    lost every row since the last save: a population trial that trained 40 rounds, reporting each, was left with 21.
+    Here the storage's file is taken only where the stage has none of its own."""
+
+    def _restore_from_remote(self, file_name: str, trial) -> None:
+        if not Path(trial.local_path, file_name).exists():
+            super()._restore_from_remote(file_name, trial)  # type: ignore[misc]
+
+
+class ResultRows(_KeepsWrittenRows, JsonLoggerCallback):
+    """result.json, every reported row kept across restarts within the stage."""
+
+
+class ProgressRows(_KeepsWrittenRows, CSVLoggerCallback):
+    """progress.csv, every reported row kept across restarts within the stage."""
 
 
 INTERRUPTED = threading.Event()  # set by a stage's first Ctrl-C: the search suggests no trial after it

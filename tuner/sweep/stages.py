@@ -29,6 +29,8 @@ from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray,
 from tuner.sweep.console import SweepProgress, quiet, stage_counts
 from tuner.sweep.recovery import (
     RESERVE_FILE,
+    ProgressRows,
+    ResultRows,
     StoppableOptunaSearch,
     StorageWatch,
     drop_damaged_errors,
@@ -118,6 +120,8 @@ def run_stage(
                     SweepProgress(expected or samples, rounds, select),
                     FinalFailures(),
                     StorageWatch(sweep_dir / RESERVE_FILE),
+                    ResultRows(),  # in place of Ray Tune's own writers of these files
+                    ProgressRows(),
                 ],
                 # Two checkpoints: a kill while a new one registers can leave the saved experiment state
                 # pointing at the one before, which keeping one alone would already have deleted.

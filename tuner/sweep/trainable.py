@@ -60,10 +60,12 @@ def federated_trial(
             cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone, cfg.method))
         sim = build_simulation(cfg)
 
-        def report(checkpointed: bool) -> None:
-            """The state's last round, with the selection rule's figures (and the whole state where checkpointed)."""
+        def report(checkpointed: bool, handed_over: bool = False) -> None:
+            """The state's last round, with the selection rule's figures (and the whole state where checkpointed);
+            `handed_over`: a donor's state reported as this trial's, a round it did not train."""
             # when, to the microsecond (Ray's timestamp is whole seconds): trials of a second are ordered by it
             metrics = {**placement, "reported_at": time.time(), **sim.history[-1], **selection(sim.history, select)}
+            metrics |= {"handed_over": True} if handed_over else {}
             if not checkpointed:
                 tune.report(metrics)
                 return
@@ -81,7 +83,7 @@ def federated_trial(
         ):
             # PBT may hand over a donor's state from its last round (the donor not yet seen finished): this trial
             # ends with that state, recorded as its own (its own state at its last round was recorded when run)
-            report(checkpointed=True)
+            report(checkpointed=True, handed_over=True)
         while sim.round < cfg.rounds:
             sim.step()
             schedule.append({"round": sim.round, "trial": trial, RAN_AT: time.time(), **searched})
