@@ -483,7 +483,7 @@ def test_a_best_trial_no_exploit_reached_is_said_never_perturbed_not_drawn_as_a_
 
 def test_a_population_sweeps_rounds_are_those_its_trials_trained_and_its_lineages_are_kept(tmp_path):
     """A trial that took a donor's round-4 state at its round 2 trained rounds 1, 2, 5 and 6: four, where trials × the
-    last round counted six."""
+    last round counted six; a donor's last state handed over to it later adds none."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -499,6 +499,10 @@ def test_a_population_sweeps_rounds_are_those_its_trials_trained_and_its_lineage
     keep_lineages(tmp_path / "pop", tmp_path / "out")
     kept = tmp_path / "out" / "lineages" / "pop" / "federated_trial_00001"
     assert pd.read_parquet(kept / "rounds.parquet")["trial"].tolist()[-1] == "t1" and trained_rounds(kept) == 4
+    # a donor's last state handed over and reported as the trial's own is no round it trained
+    with (trial / "result.json").open("a") as rows:
+        rows.write(json.dumps({"round": 6, "handed_over": True}) + "\n")
+    assert trained_rounds(trial) == 4
 
 
 def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their_lineages():
@@ -517,7 +521,10 @@ def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their
         in page
     )
     gpfl = [r for s in ("pbt", "pb2") for r in sweeps.loc[("gpfl", s), "rounds_spent"]]
-    assert f"GPFL's {min(gpfl)} to {max(gpfl)}; ASHA's trained all 160" in page
+    assert f"GPFL's {min(gpfl)} to {max(gpfl)})" in page and "ASHA's trained all 160" in page
+    # the rows those counts read lost rounds: a trial's own rounds in its final state outnumber its rows
+    sentence = "in FedAvg's PBT sweep of seed 0 a trial whose final state holds 20 rounds it trained itself has 8 rows"
+    assert sentence in page and (20, 8) in rows_and_own_rounds(folder / "lineages" / "fedavg-pbt-seed0")
     assert set(sweeps.loc[[("fedavg", "asha"), ("gpfl", "asha")], "rounds_spent"]) == {160}
 
     for seed in (0, 1):
@@ -526,6 +533,17 @@ def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their
             folder, f"fedavg-pb2-seed{seed}"
         )
     assert "in both sweeps of each seed, a trial of their shared first population that no exploit reached" in page
+
+
+def rows_and_own_rounds(sweep: Path) -> set[tuple[int, int]]:
+    """Per trial of a kept population sweep: the rounds of its final state it trained itself, and its result.json
+    rows (one a round trained, had none been lost)."""
+    out = set()
+    for trial in sweep.iterdir():
+        trial_id = "_".join(trial.name.split("_")[3:5])  # federated_trial_00000_<trial id>[_values]
+        own = int(pd.read_parquet(trial / "rounds.parquet")["trial"].str.endswith(trial_id).sum())
+        out.add((own, sum(1 for line in (trial / "result.json").read_text().splitlines() if line.strip())))
+    return out
 
 
 def unperturbed_best(folder: Path, sweep: str) -> set[str]:
@@ -545,8 +563,8 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
     page = " ".join((root / "docs/sweeps.md").read_text().split())
     spent = {k: sweeps.loc[k, "rounds_spent"].tolist() for k in sweeps.index.unique()}
     assert (
-        "FedAvg's PBT sweeps trained {}, {} and {} of their 40 rounds, PB2's {}, {} and {}; GPFL's PBT {}, {} and {}, "
-        "PB2's {}, {} and {}".format(
+        "FedAvg's PBT sweeps trained at least {}, {} and {} of their 40 rounds, PB2's {}, {} and {}; GPFL's PBT {}, {} "
+        "and {}, PB2's {}, {} and {}".format(
             *spent["fedavg", "pbt"], *spent["fedavg", "pb2"], *spent["gpfl", "pbt"], *spent["gpfl", "pb2"]
         )
         in page
