@@ -398,15 +398,18 @@ def test_soak_killed_workers_lose_no_trial_and_run_none_twice_and_a_trial_failed
     trials = [d for d in experiment.glob("federated_trial_*")]
     params = [(d / "params.json").read_text() for d in trials]
     assert len(trials) == samples and len(set(params)) == samples  # every trial once, none run twice as another
-    # killed after a round was checkpointed: it went on from there in a new worker, not from round 1
+    # killed after a round was checkpointed: it went on from there in a new worker, not from round 1. A kill between
+    # Tune's logging a round and its recording that round's checkpoint (a separate call to the worker) runs that
+    # round again from the checkpoint before: at most one round a kill (a trial's rows are all kept, restarts and all)
+    again = 0
     for trial in trials:
         rows = _rows(trial)
         pids = {r["pid"] for r in rows}
-        # Tune may lose a row in a restart (the report takes it from the checkpoint)
         reported = [r["round"] for r in rows]
-        assert len(reported) == len(set(reported)), reported  # none ran twice
+        again += len(reported) - len(set(reported))
         if pids & killed and rows[-1]["round"] == rounds:  # unless the kill landed after its last round was done
             assert len(pids) >= 2 or rows[-1]["pid"] in killed
+    assert again <= len(killed), (again, killed)
 
     state_file = max(experiment.glob("experiment_state-*.json"))
     state = json.loads(state_file.read_text())
