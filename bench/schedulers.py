@@ -93,15 +93,15 @@ def sweep(method: str, scheduler: str, seed: int, args) -> Path:
 
 def anytime(sweep_dir: Path, scheduler: str, budget: int) -> tuple[int, list[float]]:
     """(rounds all trials trained, the best validation accuracy reached by each point of SPENT_AT × budget). ASHA's
-    trials in the order their rounds were reported. A population as if in lockstep (PBT runs the trial furthest
-    behind first and pauses those ahead, so its trials stay within about one interval of each other): at round r
-    all have trained r rounds, and the best is the best of the rounds their final states went through by then
-    (a trial's rounds before it took another's state are gone from its file: they ranked in the bottom quantile)."""
+    trials in the order their rounds were reported (`reported_at`, reported from 750699b on). A population as if in
+    lockstep (PBT runs the trial furthest behind first and pauses those ahead, so its trials stay within about one
+    interval of each other): at round r all have trained r rounds, and the best is the best of the rounds their final
+    states went through by then (a trial's rounds before it took another's state are gone from its file: they
+    ranked in the bottom quantile)."""
     trials = sorted((sweep_dir / "search").glob("federated_trial_*"))
     if scheduler == "asha":
-        rows = pd.concat([trial_rows(t / "result.json") for t in trials], ignore_index=True).sort_values(
-            "timestamp", kind="stable"
-        )
+        # in the order reported, to the microsecond (Ray's timestamp is whole seconds: a round takes less)
+        rows = pd.concat([trial_rows(t / "result.json") for t in trials], ignore_index=True).sort_values("reported_at")
         spent, best = range(1, len(rows) + 1), rows["val_acc"].cummax().tolist()
         points = [
             max((b for s, b in zip(spent, best, strict=True) if s <= f * budget), default=float("nan"))

@@ -505,6 +505,30 @@ def test_a_population_sweeps_rounds_are_those_its_trials_trained_and_its_lineage
     assert trained_rounds(trial) == 4
 
 
+def test_an_asha_sweeps_anytime_curve_follows_the_order_its_rounds_were_reported_within_a_second(tmp_path):
+    """Two trials' rounds reported within one second (Ray's timestamp is whole seconds): the anytime curve takes them
+    in the order reported, so the good trial's round, reported last, counts only at the end of the budget."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.schedulers import anytime
+
+    for name, rows in (
+        ("federated_trial_00000", [(1, 0.9, 0.7), (2, 0.9, 0.8)]),  # (round, val_acc, reported_at - t0)
+        ("federated_trial_00001", [(1, 0.5, 0.1), (2, 0.6, 0.2)]),
+    ):
+        trial = tmp_path / "search" / name
+        trial.mkdir(parents=True)
+        (trial / "result.json").write_text(
+            "".join(
+                json.dumps({"round": r, "val_acc": v, "timestamp": 1000, "reported_at": 1000.0 + t}) + "\n"
+                for r, v, t in rows
+            )
+        )
+    spent, points = anytime(tmp_path, "asha", budget=4)
+    assert spent == 4 and points == [0.5, 0.6, 0.9, 0.9]
+
+
 def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their_lineages():
     root = Path(__file__).resolve().parents[1]
     folder = root / "results/schedulers-digits"
