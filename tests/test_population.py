@@ -545,18 +545,21 @@ def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their
         in page
     )
     gpfl = [r for s in ("pbt", "pb2") for r in sweeps.loc[("gpfl", s), "rounds_spent"]]
-    assert f"GPFL's {min(gpfl)} to {max(gpfl)})" in page and "ASHA's trained all 160" in page
-    # the rows those counts read lost rounds: a trial's own rounds in its final state outnumber its rows
-    sentence = "in FedAvg's PBT sweep of seed 0 a trial whose final state holds 20 rounds it trained itself has 8 rows"
-    assert sentence in page and (20, 8) in rows_and_own_rounds(folder / "lineages" / "fedavg-pbt-seed0")
+    assert f"GPFL's {min(gpfl)} to {max(gpfl)} (a trial" in page and "ASHA's trained all 160" in page
     assert set(sweeps.loc[[("fedavg", "asha"), ("gpfl", "asha")], "rounds_spent"]) == {160}
+    spent_by_populations = sweeps.loc[[(m, s) for m in ("fedavg", "gpfl") for s in ("pbt", "pb2")], "rounds_spent"]
+    assert (
+        "the populations trained more rounds than the 160 they were given" in page and min(spent_by_populations) > 160
+    )
+    # counted from rows none of which was lost: a row for each round of a trial's final state it trained itself
+    for sweep in (folder / "lineages").iterdir():
+        if "asha" not in sweep.name:
+            assert all(rows >= own for own, rows in rows_and_own_rounds(sweep)), sweep.name
 
-    for seed in (0, 1):
-        pbt_best, pb2_best = (sweeps.loc[("fedavg", s), "best_val_acc"].iloc[seed] for s in ("pbt", "pb2"))
-        assert pbt_best == pb2_best and unperturbed_best(folder, f"fedavg-pbt-seed{seed}") & unperturbed_best(
-            folder, f"fedavg-pb2-seed{seed}"
-        )
-    assert "in both sweeps of each seed, a trial of their shared first population that no exploit reached" in page
+    pbt_best, pb2_best = ([100 * v for v in sweeps.loc[("fedavg", s), "best_val_acc"]] for s in ("pbt", "pb2"))
+    assert [a == b for a, b in zip(pbt_best, pb2_best, strict=True)] == [True, False, False]
+    assert unperturbed_best(folder, "fedavg-pbt-seed0") & unperturbed_best(folder, "fedavg-pb2-seed0")
+    assert "PBT and PB2 found the same best validation for FedAvg under seed 0, and the lineages tell why" in page
 
 
 def rows_and_own_rounds(sweep: Path) -> set[tuple[int, int]]:
