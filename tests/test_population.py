@@ -590,14 +590,18 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
     page = " ".join((root / "docs/sweeps.md").read_text().split())
     spent = {k: sweeps.loc[k, "rounds_spent"].tolist() for k in sweeps.index.unique()}
     assert (
-        "FedAvg's PBT sweeps trained at least {}, {} and {} of their 40 rounds, PB2's {}, {} and {}; GPFL's PBT {}, {} "
+        "FedAvg's PBT sweeps trained {}, {} and {} of their 40 rounds, PB2's {}, {} and {}; GPFL's PBT {}, {} "
         "and {}, PB2's {}, {} and {}".format(
             *spent["fedavg", "pbt"], *spent["fedavg", "pb2"], *spent["gpfl", "pbt"], *spent["gpfl", "pb2"]
         )
         in page
     )
     asha = spent["fedavg", "asha"] + spent["gpfl", "asha"]
-    assert f"ASHA's 8 trials trained {min(asha)} to {max(asha)}" in page
+    assert f"ASHA's 8 trials trained {min(asha)} to {max(asha)}" in page and max(asha) <= 40
+    # counted from rows none of which was lost: a row for each round of a trial's final state it trained itself
+    for sweep in (folder / "lineages").iterdir():
+        if "asha" not in sweep.name:
+            assert all(rows >= own for own, rows in rows_and_own_rounds(sweep)), sweep.name
     mean = sweeps.groupby(level=[0, 1])["best_val_acc"].mean() * 100
     assert (
         round(mean["fedavg", "pbt"] - mean["fedavg", "asha"])
@@ -606,7 +610,7 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
     )
     assert "about 2 points above ASHA's on the mean" in page
     gpfl = mean["gpfl"]
-    assert gpfl.max() - gpfl.min() <= 0.2 and "the three end within 0.2 points of each other" in page
+    assert 0.3 < gpfl.max() - gpfl.min() <= 0.4 and "the three end within 0.4 points of each other" in page
     anytime = {k: [100 * sum(a[i] for a in sweeps.loc[k, "anytime"]) / 3 for i in range(4)] for k in spent}
     assert (
         f"({anytime['gpfl', 'asha'][0]:.1f} % after a quarter of the budget against {anytime['gpfl', 'pbt'][0]:.1f} %)"
@@ -614,6 +618,19 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
     )
     for method in ("fedavg", "gpfl"):  # "ASHA leads for the first half" / "far ahead for the first half"
         assert all(anytime[method, "asha"][i] > anytime[method, s][i] for i in (0, 1) for s in ("pbt", "pb2"))
+    # which population sweeps' best came from a first draw no exploit reached, and by how much the others went above
+    above = {}
+    for sweep in sorted((folder / "lineages").iterdir()):
+        if "asha" not in sweep.name and not unperturbed_best(folder, sweep.name):
+            lineages = [pd.read_parquet(t / "rounds.parquet") for t in sweep.iterdir()]
+            first_draws = max(r["val_acc"].max() for r in lineages if r["trial"].nunique() == 1)
+            above[sweep.name] = round(100 * (max(r["val_acc"].max() for r in lineages) - first_draws), 1)
+    assert above == {"fedavg-pb2-seed0": 1.1, "fedavg-pb2-seed1": 0.6, "gpfl-pbt-seed1": 0.1}
+    assert (
+        "In 9 of the 12 population sweeps the best validation was reached by a trial of the first population that no "
+        "exploit reached; in the other three a perturbed trial went above the first draws' best, by 1.1 and 0.6 points "
+        "(FedAvg's PB2 under seeds 0 and 1) and by 0.1 (GPFL's PBT under seed 1)" in page
+    )
     ties = [
         (method, seed)
         for method in ("fedavg", "gpfl")
@@ -621,9 +638,8 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
         if sweeps.loc[(method, "pbt"), "best_val_acc"].iloc[seed]
         == sweeps.loc[(method, "pb2"), "best_val_acc"].iloc[seed]
     ]
-    assert ties == [("fedavg", 2), ("gpfl", 0), ("gpfl", 1), ("gpfl", 2)]
-    assert "the same best for GPFL under all three seeds and for FedAvg under seed 2" in page
-    for method, seed in ties:
+    assert ties == [("fedavg", 2), ("gpfl", 0), ("gpfl", 2)]
+    assert "the same best for GPFL under seeds 0 and 2 and for FedAvg under seed 2" in page
+    for method, seed in ties:  # the same trial of the shared first population, unperturbed in both
         pbt, pb2 = (unperturbed_best(folder, f"{method}-{s}-seed{seed}") for s in ("pbt", "pb2"))
         assert pbt & pb2, (method, seed)
-    assert "On GPFL the perturbations never beat the first draws" in page
