@@ -101,7 +101,7 @@ def test_the_projects_own_requirements_are_bundled_with_its_test_extra_and_build
     assert {
         "torch==2.14.1",
         "torchvision==0.29.1",
-        "ray[tune]>=2.60",
+        "ray[tune]==2.60.*",
         "pydantic>=2",
         "pytest>=8,<9.2",
         "pytest-xdist>=3.5",
