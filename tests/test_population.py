@@ -552,14 +552,22 @@ def test_the_sweeps_pages_sentences_on_digits_are_the_committed_sweeps_and_their
         "the populations trained more rounds than the 160 they were given" in page and min(spent_by_populations) > 160
     )
     # counted from rows none of which was lost: a row for each round of a trial's final state it trained itself
-    for sweep in (folder / "lineages").iterdir():
-        if "asha" not in sweep.name:
-            assert all(rows >= own for own, rows in rows_and_own_rounds(sweep)), sweep.name
+    assert populations_lost_no_row(folder)
 
     pbt_best, pb2_best = ([100 * v for v in sweeps.loc[("fedavg", s), "best_val_acc"]] for s in ("pbt", "pb2"))
     assert [a == b for a, b in zip(pbt_best, pb2_best, strict=True)] == [True, False, False]
     assert unperturbed_best(folder, "fedavg-pbt-seed0") & unperturbed_best(folder, "fedavg-pb2-seed0")
     assert "PBT and PB2 found the same best validation for FedAvg under seed 0, and the lineages tell why" in page
+
+
+def populations_lost_no_row(folder: Path) -> bool:
+    """Every trial of every kept population sweep has a result.json row for each round of its final state it trained."""
+    return all(
+        rows >= own
+        for sweep in (folder / "lineages").iterdir()
+        if "asha" not in sweep.name
+        for own, rows in rows_and_own_rounds(sweep)
+    )
 
 
 def rows_and_own_rounds(sweep: Path) -> set[tuple[int, int]]:
@@ -599,9 +607,7 @@ def test_the_sweeps_pages_sentences_on_fashion_mnist_are_the_committed_sweeps_an
     asha = spent["fedavg", "asha"] + spent["gpfl", "asha"]
     assert f"ASHA's 8 trials trained {min(asha)} to {max(asha)}" in page and max(asha) <= 40
     # counted from rows none of which was lost: a row for each round of a trial's final state it trained itself
-    for sweep in (folder / "lineages").iterdir():
-        if "asha" not in sweep.name:
-            assert all(rows >= own for own, rows in rows_and_own_rounds(sweep)), sweep.name
+    assert populations_lost_no_row(folder)
     mean = sweeps.groupby(level=[0, 1])["best_val_acc"].mean() * 100
     assert (
         round(mean["fedavg", "pbt"] - mean["fedavg", "asha"])

@@ -65,7 +65,8 @@ def federated_trial(
             `handed_over`: a donor's state reported as this trial's, a round it did not train."""
             # when, to the microsecond (Ray's timestamp is whole seconds): trials of a second are ordered by it
             metrics = {**placement, "reported_at": time.time(), **sim.history[-1], **selection(sim.history, select)}
-            metrics |= {"handed_over": True} if handed_over else {}
+            if handed_over:
+                metrics["handed_over"] = True
             if not checkpointed:
                 tune.report(metrics)
                 return
