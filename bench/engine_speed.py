@@ -12,19 +12,21 @@ warm-up round that compiles every program the round needs:
 - chain bound          the longest client's steps x the time of one compiled single-client step:
                        clients train in parallel but each one's steps are sequential, so no
                        round can be faster;
-- recompiles           programs compiled during the timed rounds (must be 0: else the s/round counts
-                       compiling; the H200 check's FedAvg took 2, results/gpu/README.md);
+- recompiles           programs compiled during the timed rounds: 0, or the method has no compiled figure
+                       (the s/round would count compiling; the H200 check's FedAvg took 2, results/gpu/README.md);
 - compile              the compiled run's first round (its compiling included), and a second trial's
                        (other lr and seed: the same programs, so none compiled);
 - whole round          compiled, with every client's evaluation (the papers evaluate every round);
 - what ran             the compiled run's programs, the Inductor configuration they compiled under,
                        and the calls CUDA graphs ran and the programs they refused (on CUDA).
 
-A compiled figure is taken only from a run whose every step and batch ran compiled: a run that went on
-eager (compiling failed) stops the method's measurement with the reason, never a number labelled compiled.
+A compiled figure is written only once its run is confirmed: every step and batch ran compiled and its timed
+rounds compiled nothing. A run that went on eager (compiling failed) or recompiled stops the method's
+measurement with the reason, and no number labelled compiled is kept for it.
 
-Also `--sequential` times the sequential executor (the reference, slow). Usage:
-    python bench/engine_speed.py [--methods fedavg gpfl fedcp fedpac] [--rounds 2] [--device auto]
+Also `--sequential` times the sequential executor (the reference, slow), and `--set KEY=VALUE` changes a setting
+(`--set dataset=digits --set backbone=mlp`: the small setting of bench/compile_once.py). Usage:
+    python bench/engine_speed.py [--methods fedavg gpfl fedcp fedpac] [--rounds 2] [--device auto] [--set K=V]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch._dynamo.utils import counters
 from torch.func import grad_and_value
 
@@ -145,10 +148,13 @@ class NotCompiled(RuntimeError):
     """A run asked to compile went on eager (or part of it did): its times are not the compiled engine's."""
 
 
-def compiled_only(sim, what: str):
-    """sim, once every step and batch it ran was compiled; else NotCompiled with what ran instead."""
+def compiled_only(sim, what: str, recompiles: int = 0):
+    """sim, once every step and batch it ran was compiled and its timed rounds compiled nothing; else NotCompiled
+    with what ran instead (a timed round that compiled counts compiling in its seconds)."""
     if why := sim.executor.ran.not_compiled():
         raise NotCompiled(f"{what} {why}")
+    if recompiles:
+        raise NotCompiled(f"{what} compiled {recompiles} programs during its timed rounds")
     return sim
 
 
@@ -171,23 +177,23 @@ def measure(
     cfg = table1(method, device, **settings)
     out["eager s/round"] = seconds_per_round(build_simulation(replace(cfg, engine="eager")), rounds)[1]
     sim = build_simulation(replace(cfg, engine="compiled"))
-    warm, out["compiled s/round"], recompiles = seconds_per_round(sim, rounds)
-    out |= {
-        "compile + first round s": warm,
-        "recompiles": recompiles,
-        **what_ran(compiled_only(sim, f"{method}'s compiled run")),
-    }
+    warm, compiled_s, recompiles = seconds_per_round(sim, rounds)
+    # checked before the figure is written: a fallback's or a recompiling run's time is never kept as compiled
+    out |= {"compile + first round s": warm, **what_ran(compiled_only(sim, f"{method}'s compiled run", recompiles))}
+    out |= {"compiled s/round": compiled_s, "recompiles": recompiles}
     # a sweep's next trial: other numbers, the same programs
     second = build_simulation(replace(cfg, engine="compiled", lr=0.0123, seed=1))
-    out["second trial: compile + first round s"] = seconds_per_round(second, 0)[0]
+    second_first_s = seconds_per_round(second, 0)[0]
     out["second trial programs"] = compiled_only(second, f"{method}'s second trial").executor.ran.programs
+    out["second trial: compile + first round s"] = second_first_s
     if sequential:
         out["sequential eager s/round"] = seconds_per_round(
             build_simulation(replace(cfg, executor="sequential", engine="eager")), rounds
         )[1]
     whole = build_simulation(replace(cfg, engine="compiled", eval_gap=1))  # with evaluation
-    _, out["compiled whole round s"], out["whole round recompiles"] = seconds_per_round(whole, rounds)
-    compiled_only(whole, f"{method}'s compiled run with evaluation")
+    _, whole_s, whole_recompiles = seconds_per_round(whole, rounds)
+    compiled_only(whole, f"{method}'s compiled run with evaluation", whole_recompiles)
+    out |= {"compiled whole round s": whole_s, "whole round recompiles": whole_recompiles}
     out["eager / compiled"] = out["eager s/round"] / out["compiled s/round"]
     out["chain bound s"] = chain_bound_seconds(sim)
     out["% of chain bound"] = 100 * out["chain bound s"] / out["compiled s/round"]
@@ -208,13 +214,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--sequential", action="store_true", help="also time the sequential executor")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting over Table 1's (e.g. dataset=digits, backbone=mlp: the small setting)",
+    )
     ap.add_argument("--json", help="also write the figures to this file, with the command, commit and machine")
     args = ap.parse_args()
-    print(f"Table 1 settings, training only, {args.rounds} timed rounds after a warm-up, on {device_name(args.device)}")
+    settings = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    where = f"Table 1 settings{''.join(f', {k}={v}' for k, v in settings.items())}"
+    print(f"{where}, training only, {args.rounds} timed rounds after a warm-up, on {device_name(args.device)}")
     results = {}
     for method in args.methods:
         try:
-            results[method] = r = measure(method, args.device, args.rounds, args.sequential)
+            results[method] = r = measure(method, args.device, args.rounds, args.sequential, **settings)
         except NotCompiled as e:
             results[method] = {"not compiled": str(e)}
             print(f"  {method:<7} no compiled figure: {e}", flush=True)

@@ -161,7 +161,10 @@ def test_a_block_of_steps_a_program_equals_a_step_at_a_time(case, executor):
     assert_equal_states(eager, sim)
     for a, b in zip(eager_rows, rows, strict=True):
         assert a["acc"] == b["acc"] and a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
-    assert sim.executor.ran.compiled_steps == eager.executor.ran.eager_steps  # the steps, not the blocks, counted
+    ran = sim.executor.ran
+    assert ran.compiled_steps == eager.executor.ran.eager_steps  # the steps, not the blocks, counted
+    # three steps a call, but where a schedule ends inside a block: a K ignored (a step a call) fails here
+    assert 2 * ran.compiled_calls < ran.compiled_steps <= 3 * ran.compiled_calls
 
 
 def test_a_trial_of_blocks_compiles_once_and_the_next_nothing():
@@ -169,7 +172,8 @@ def test_a_trial_of_blocks_compiles_once_and_the_next_nothing():
     compiled_run(exact_config("fedavg", engine="compiled", **first), 1)
     sim, rows = run_rounds(exact_config("fedavg", engine="compiled", **{**first, "lr": 0.03}), 2)
     assert_compiled_ran(sim, rows)
-    assert sim.executor.ran.programs == 0
+    ran = sim.executor.ran
+    assert ran.programs == 0 and 3 * ran.compiled_calls < ran.compiled_steps <= 4 * ran.compiled_calls
 
 
 CHECKS = [

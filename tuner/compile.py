@@ -88,6 +88,7 @@ class Ran:
     so that a figure labelled compiled is never an eager run's."""
 
     compiled_steps: int = 0  # training steps a compiled program ran
+    compiled_calls: int = 0  # ... in this many calls (a block of `steps_per_call` steps a call)
     eager_steps: int = 0  # ... that ran eagerly (engine=eager, or after compiling failed)
     compiled_batches: int = 0  # evaluation and statistics batches, likewise
     eager_batches: int = 0

@@ -108,6 +108,7 @@ class CompiledStep:
             try:
                 loss = self.program(params, opt_state, rest, server, xs, ys, keys, live)
                 self.ran.compiled_steps += len(active)
+                self.ran.compiled_calls += 1
                 return loss
             except compile_errors() as e:  # nothing was written yet: the steps run again eagerly
                 self.eager = self.fallback(e)
