@@ -9,8 +9,10 @@ names (default: all), in this order, each with its share of --budget-min (this c
 each stage's result is merged into OUT/campaign.json and OUT/summary.md as soon as it is done and
 printed as one line, so a stop loses nothing and later commands add to what earlier ones wrote:
 
-1. environment  device, memory, torch/CUDA versions, TF32, the packages found;
-2. correctness  each method (--methods, default all), two rounds on digits: vectorized on the device
+1. environment  device, memory, torch/CUDA versions, TF32, the packages found, the commit (written by every
+                command into campaign.json, whichever stages it runs);
+2. correctness  each method (--methods, default all) on --backbone (cnn4 on a few small Fashion-MNIST
+                clients, or the MLP on digits), two rounds: vectorized on the device
                 with --engine (eager or compiled) against sequential on the CPU in float64 (equal to
                 1e-9, as the suite); ResNet-18 with BatchNorm under vmap likewise; exact resume of a
                 run on the device (deterministic algorithms on). A failure is recorded with its
@@ -83,6 +85,7 @@ PACKAGES = [
     "optuna",
 ]
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
+CHECK_BACKBONES = ("cnn4", "mlp")  # a backbone is another program: tuner/compile.py CUDA_CHECKED keys by it
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
 
 
@@ -111,6 +114,8 @@ class Campaign:
         path = self.out / "campaign.json"
         # what earlier commands found
         self.results: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
+        # every command's file says where its figures came from, whichever stages it runs
+        self.results["environment"] = {**self.environment(self.end), "seconds": 0.0}
         self.knee = self.results.get("sharing", {}).get("best_k", 1)
 
     # --- budget and bookkeeping
@@ -163,6 +168,14 @@ class Campaign:
             base |= dict(clients=4, batch_size=40)
         return RunConfig(**{**base, **kw})
 
+    def checked(self, method: str, backbone: str, **kw) -> RunConfig:
+        """A correctness check's setting on `backbone` (CHECK_BACKBONES): the MLP on the suite's digits; cnn4, the
+        papers' CNN, on a few small Fashion-MNIST clients (digits' 8x8 images are too small for its convolutions)."""
+        if backbone == "mlp":
+            return self.digits(method, backbone="mlp", **kw)
+        small = dict(partition="pac:20", pac_train=60, pac_test=20, batch_size=10)  # 6 steps a client and epoch
+        return self.digits(method, dataset="fmnist", data_dir=self.data, backbone="cnn4", **small, **kw)
+
     # --- 1
     def environment(self, deadline: float) -> dict:
         env = {
@@ -195,11 +208,14 @@ class Campaign:
         methods = self.args.methods or (SMOKE_METHODS if self.args.smoke else sorted(METHODS))
         engine = self.args.engine
         label = "executors equal" + ("" if engine == "eager" else f" ({engine})")
+        backbone = check_backbone(self.args)
         checks = {}
         for m in methods:
-            checks[f"{label}: {m}"] = _check(
-                deadline, lambda m=m: executors_equal(self.digits(m, engine=engine), self.device)
-            )
+            checks[f"{label}: {m} on {backbone}"] = {
+                **_check(deadline, lambda m=m: executors_equal(self.checked(m, backbone, engine=engine), self.device)),
+                "method": m,
+                "backbone": backbone,
+            }
             self.progress({"checks": checks, **_verdict(checks)})
         resnet = dict(
             clients=12, join_ratio="0.25", backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=2
@@ -207,9 +223,13 @@ class Campaign:
         if self.args.smoke:
             # FedPAC's small clients (60 samples, two steps each): BatchNorm under vmap, not training, is checked
             resnet |= dict(clients=4, join_ratio="0.5", partition="pac:20", pac_train=60, pac_test=20, batch_size=30)
-        checks["ResNet-18 BatchNorm under vmap"] = _check(
-            deadline, lambda: executors_equal(self.digits("fedper", engine=engine, **resnet), self.device, rounds=1)
-        )
+        checks["ResNet-18 BatchNorm under vmap"] = {
+            **_check(
+                deadline, lambda: executors_equal(self.digits("fedper", engine=engine, **resnet), self.device, rounds=1)
+            ),
+            "method": "fedper",
+            "backbone": "resnet18",
+        }
         checks["exact resume on the device"] = _check(deadline, self.exact_resume)
         return {"checks": checks, **_verdict(checks)}
 
@@ -261,6 +281,11 @@ def executors_equal(cfg: RunConfig, device: str, rounds: int = 2) -> dict:
     return {"max_abs_difference": worst, **(what_ran(vec) if cfg.engine == "compiled" else {})}
 
 
+def check_backbone(args) -> str:
+    """The correctness stage's backbone: --backbone, else cnn4 (the papers' columns'), the MLP in miniature."""
+    return args.backbone or ("mlp" if args.smoke else "cnn4")
+
+
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version({"yaml": "pyyaml"}.get(name, name))
@@ -301,6 +326,12 @@ def arguments(description: str, budget_min: float) -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cuda, cuda:N or cpu")
     ap.add_argument(
         "--smoke", action="store_true", help="every stage in miniature on digits: seconds, for the test suite"
+    )
+    ap.add_argument(
+        "--backbone",
+        choices=CHECK_BACKBONES,
+        help="the backbone the correctness stage checks each method on (default cnn4, the papers' columns'; the "
+        "MLP on digits with --smoke)",
     )
     return ap
 

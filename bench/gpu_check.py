@@ -8,7 +8,8 @@ Its stages are bench/gpu_campaign.py's, each merged into OUT/campaign.json and O
 printed as one line (a stop loses nothing; a later campaign command adds to the same folder):
 
 1. environment  device, torch and CUDA versions, the commit, the packages found;
-2. correctness  each method of CHECK_METHODS (a family each) and ResNet-18's BatchNorm, two rounds on digits,
+2. correctness  each method of CHECK_METHODS (a family each) on --backbone (cnn4, the papers' CNN, on small
+                Fashion-MNIST clients; or the MLP on digits) and ResNet-18's BatchNorm, two rounds,
                 vectorized and compiled on the GPU against sequential eager on the CPU in float64, equal to 1e-9,
                 every step and batch compiled (a run that went on eager fails its check); the checks run in
                 `--parallel` processes at once, since compiling is CPU work;
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from algorithms import METHODS  # noqa: E402
 from bench.campaign.speed import profile, speed  # noqa: E402
-from bench.gpu_campaign import Campaign, _check, _verdict, arguments, executors_equal  # noqa: E402
+from bench.gpu_campaign import Campaign, _check, _verdict, arguments, check_backbone, executors_equal  # noqa: E402
 from tuner.compile import CUDA_CHECKED  # noqa: E402
 
 # The ten checks ended in 159 s on an H200 (a50e3b0); the four speed figures need ~330 s (each compiles from nothing):
@@ -76,7 +77,7 @@ def checked_methods(args) -> list[str]:
     if not args.methods:
         return CHECK_METHODS
     if args.methods == ["all"]:
-        return sorted(METHODS, key=lambda m: (m in CUDA_CHECKED, m))
+        return sorted(METHODS, key=lambda m: ((m, check_backbone(args)) in CUDA_CHECKED, m))
     return args.methods
 
 
@@ -111,22 +112,32 @@ def correctness(campaign: Campaign, deadline: float) -> dict:
     ones are stopped and recorded as skipped."""
     # every round the whole cohort: a program per padded size, compiled once
     fixed = dict(engine="compiled", join_ratio="1")
-    cases = {f"compiled: {m}": (campaign.digits(m, **fixed), 2) for m in checked_methods(campaign.args)}
+    backbone = check_backbone(campaign.args)
+    cases = {
+        f"compiled: {m} on {backbone}": (campaign.checked(m, backbone, **fixed), 2, m, backbone)
+        for m in checked_methods(campaign.args)
+    }
     if not campaign.args.smoke:
         resnet = dict(clients=12, backbone="resnet18", partition="iid", lr=0.01, batch_size=30, cohort_chunk=4)
-        cases["compiled: ResNet-18 BatchNorm under vmap (fedper)"] = (campaign.digits("fedper", **fixed, **resnet), 1)
+        cases["compiled: ResNet-18 BatchNorm under vmap (fedper)"] = (
+            campaign.digits("fedper", **fixed, **resnet),
+            1,
+            "fedper",
+            "resnet18",
+        )
     checks: dict[str, dict] = {}
     with multiprocessing.get_context("spawn").Pool(campaign.args.parallel) as pool:
         threads = max(1, (os.cpu_count() or 2) // campaign.args.parallel)
         pending = {
             name: pool.apply_async(checked, (cfg, campaign.device, rounds, threads))
-            for name, (cfg, rounds) in cases.items()
+            for name, (cfg, rounds, _, _) in cases.items()
         }
         for name, result in pending.items():
             try:
                 checks[name] = result.get(timeout=max(0.0, deadline - time.monotonic()))
             except multiprocessing.TimeoutError:
                 checks[name] = {"status": "skipped"}
+            checks[name] |= {"method": cases[name][2], "backbone": cases[name][3]}  # tuner/compile.py CUDA_CHECKED
             campaign.progress({"checks": checks, **_verdict(checks)})
         pool.terminate()
     return {"checks": checks, **_verdict(checks)}

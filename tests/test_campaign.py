@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -70,7 +71,7 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
         and "cvxpy" in results["environment"]["packages"]
         and results["environment"]["commit"]
     )
-    compiled = results["correctness"]["checks"]["compiled: fedavg"]
+    compiled = results["correctness"]["checks"]["compiled: fedavg on mlp"]
     assert (
         compiled["status"] == "passed"
         and compiled["programs"] > 0
@@ -121,8 +122,8 @@ def test_the_gpu_check_and_the_campaign_run_in_miniature_without_ray_or_optuna_a
     assert list(results) == STAGES and not [s for s in STAGES if "error" in results[s]]
     checks = results["correctness"]["checks"]  # the check's compiled one kept beside the campaign's eager ones
     assert {
-        "compiled: fedavg",
-        "executors equal: fedpac",
+        "compiled: fedavg on mlp",
+        "executors equal: fedpac on mlp",
         "ResNet-18 BatchNorm under vmap",
         "exact resume on the device",
     } <= set(checks)
@@ -282,7 +283,7 @@ def test_a_method_whose_measurement_breaks_keeps_the_figures_measured_before(mon
         deadline=float("inf"),
     )
     fedavg = result["figures"]["fedavg"]
-    assert fedavg["error"].startswith("ZeroDivisionError") and fedavg["compiled s/round"] > 0 and fedavg["programs"] > 0
+    assert fedavg["error"].startswith("ZeroDivisionError") and fedavg["compiled s/round"] > 0 and "programs" in fedavg
     assert "fedavg: ZeroDivisionError" in result["line"] and written == [result]  # written as the method ended
 
 
@@ -501,23 +502,33 @@ def test_the_performance_page_quotes_the_h100_check_as_committed():
 
 
 def test_the_methods_auto_compiles_on_cuda_are_those_the_committed_checks_passed():
-    """`auto`'s CUDA table (tuner/compile.py CUDA_CHECKED) is what the GPU checks under results/gpu measured: every
-    method whose compiled check passed (all compiled, every step a CUDA graph), none whose compiled check failed."""
-    from tuner.compile import CUDA_CHECKED
+    """`auto`'s CUDA table (tuner/compile.py CUDA_CHECKED) is what the GPU checks under results/gpu measured, a
+    (method, backbone) pair each: every pair whose compiled check passed (all compiled, every step a CUDA graph),
+    none whose compiled check failed; a family that failed is named with its reason (CUDA_FAILS)."""
+    from tuner.compile import CUDA_CHECKED, CUDA_FAILS
 
     passed, failed = set(), set()
     for path in (ROOT / "results/gpu").glob("check-*/**/campaign*.json"):
         for name, check in json.loads(path.read_text()).get("correctness", {}).get("checks", {}).items():
             if "compiled" not in name:
                 continue
-            method = re.sub(r".*\((\w[\w-]*)\)$", r"\1", name).split(": ")[-1]  # "compiled: m", "... (fedper)"
+            pair = checked_pair(name, check)
             if check["status"] == "passed":
                 assert check["graph skips"] == 0 and check["graph calls"] > 0, (path, name)
-                passed.add(method)
+                passed.add(pair)
             elif check["status"] == "failed":
-                failed.add(method)
-    assert failed == {"pfedme", "feddyn"} and not failed & passed
-    assert CUDA_CHECKED == passed
+                failed.add(pair)
+    assert failed == {("pfedme", "mlp"), ("feddyn", "mlp")} and not failed & passed
+    assert CUDA_CHECKED == passed and set(CUDA_FAILS) == {m for m, _ in failed}
+
+
+def checked_pair(name: str, check: dict) -> tuple[str, str]:
+    """(method, backbone) of a correctness check: recorded in it since the checks took a backbone; before, the
+    method ends its name ("compiled: m", "... (fedper)") and the backbone was digits' MLP but for ResNet-18's case."""
+    if "method" in check:
+        return check["method"], check["backbone"]
+    method = re.sub(r".*\((\w[\w-]*)\)$", r"\1", name).split(": ")[-1]
+    return method, "resnet18" if "ResNet-18" in name else "mlp"
 
 
 def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
@@ -559,7 +570,8 @@ def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
     ) in readme
     from tuner.compile import CUDA_CHECKED
 
-    assert f"{len(CUDA_CHECKED)} methods are checked to compile on CUDA" in readme
+    on_mlp = [m for m, backbone in CUDA_CHECKED if backbone == "mlp"]
+    assert f"{len(on_mlp)} methods are checked to compile on CUDA equal to the CPU reference on the MLP" in readme
 
 
 def test_the_performance_page_quotes_the_block_and_convolution_benches_as_committed():
@@ -593,3 +605,58 @@ def test_the_performance_page_quotes_the_block_and_convolution_benches_as_commit
         f"compiled; `unfold` {unfold['eager / grouped']:.2f}× and {unfold['compiled / grouped']:.2f}× that; "
         f"`channels_last` {last['eager / grouped']:.2f}× and {last['compiled / grouped']:.2f}×"
     ) in performance
+
+
+def test_every_json_under_results_gpu_says_its_device_torch_and_commit_and_whether_the_tree_was_clean(tmp_path):
+    """A figure from a GPU is only as good as where it came from: each file's environment (the campaign's block, or
+    a bench's provenance at the top) names the device, torch and the commit, "+changes" marking a checkout that
+    differed from it; a file whose tree state was not recorded says so."""
+    files = sorted((ROOT / "results/gpu").rglob("*.json"))
+    assert len(files) >= 16
+    for path in files:
+        record = json.loads(path.read_text())
+        env = record.get("environment", record)
+        device = env.get("name") or env.get("machine") or env.get("device")
+        assert device and (device.startswith("NVIDIA") or device.startswith("CPU")), path
+        assert re.fullmatch(r"\d+\.\d+\.\d+(\+\w+)?", env["torch"]), path
+        assert re.fullmatch(r"[0-9a-f]{7}(\+changes)?", env["commit"]), path
+    # a command that runs no environment stage still writes it (the 7a0cf86 correctness files had none)
+    campaign = load_campaign()
+    args = type("Args", (), {"out": str(tmp_path), "device": "cpu", "data": None, "budget_min": 1.0, "smoke": True})()
+    args.stages = "speed"
+    campaign.Campaign(args).write()
+    env = json.loads((tmp_path / "campaign.json").read_text())["environment"]
+    assert env["name"].startswith("CPU") and env["torch"] == torch.__version__ and env["commit"]
+
+
+def test_a_columns_run_compiles_on_cuda_only_what_was_checked_there_on_its_backbone():
+    """The real run asks for the compiled engine where the pair is committed as checked or passed this folder's
+    compiled check; a failed or eager check, or another backbone's, leaves it to `auto` (eager on CUDA)."""
+    load_campaign()
+    from bench.campaign.real_run import checked_on_cuda
+
+    checks = {
+        "compiled: gpfl on cnn4": {"status": "passed", "method": "gpfl", "backbone": "cnn4"},
+        "compiled: fedcp on cnn4": {"status": "failed", "method": "fedcp", "backbone": "cnn4"},
+        "executors equal: fedavg on cnn4": {"status": "passed", "method": "fedavg", "backbone": "cnn4"},
+    }
+    pairs = checked_on_cuda(checks)
+    assert ("gpfl", "cnn4") in pairs and ("gpfl", "mlp") in pairs  # this folder's, and the committed ones
+    assert not {("fedcp", "cnn4"), ("fedavg", "cnn4"), ("gpfl", "resnet18")} & pairs
+
+
+def test_a_correctness_check_on_cnn4_runs_the_papers_cnn_on_small_fashion_mnist_clients():
+    campaign = load_campaign()
+    args = type("Args", (), {"smoke": False, "data": None, "backbone": None})()
+    c = type("C", (), {"args": args, "data": None, "digits": campaign.Campaign.digits})()
+    cfg = campaign.Campaign.checked(c, "gpfl", campaign.check_backbone(args), engine="compiled")
+    assert (cfg.backbone, cfg.dataset, cfg.partition, cfg.pac_train, cfg.dtype) == (
+        "cnn4",
+        "fmnist",
+        "pac:20",
+        60,
+        "float64",
+    )
+    assert campaign.check_backbone(type("Args", (), {"smoke": True, "backbone": None})()) == "mlp"
+    result = campaign.executors_equal(replace(cfg, engine="eager", clients=4), "cpu", rounds=1)
+    assert result["max_abs_difference"] < 1e-9

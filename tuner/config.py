@@ -16,7 +16,7 @@ import yaml
 from algorithms.base import Unsupported
 from algorithms.variants import hparam_names
 from tuner.coercion import coerce
-from tuner.compile import auto_engine
+from tuner.compile import engine_for
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
 from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
@@ -131,10 +131,8 @@ class RunConfig:
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
         run["backbone"] = canonical(run["backbone"])
-        engine = (
-            auto_engine(device, self.rounds, run["backbone"], canonical(self.method))
-            if self.engine == "auto"
-            else self.engine
+        engine = engine_for(
+            self.engine, device, self.rounds, run["backbone"], canonical(self.method), method.family or method.name
         )
         run["normalize"] = self._normalization(dataset, run["normalize"])
         filled = replace(

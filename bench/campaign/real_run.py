@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.campaign.processes import finished, raise_if_failed, run_figures, stop, tuner_run, wait_any
 from tuner import papers
+from tuner.compile import CUDA_CHECKED
 from tuner.reproduce import cells
 
 # The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every, rounds: None for the
@@ -33,6 +34,7 @@ def real_run(campaign, deadline: float) -> dict:
     resumes next command."""
     runs = campaign.out / "runs"
     todo = []  # (column, method, tuner run arguments, rounds)
+    checked = checked_on_cuda(campaign.results.get("correctness", {}).get("checks", {}))
     for column in campaign.args.columns.split(","):
         if column not in COLUMNS:
             raise SystemExit(f"Unknown column {column!r}; choose from {', '.join(COLUMNS)}.")
@@ -65,25 +67,9 @@ def real_run(campaign, deadline: float) -> dict:
                 if cell["partition"] == partition and cell["clients"] == clients
             ]
         for cell in column_cells:
-            args = [
-                cell["method"],
-                "--dataset",
-                cell["dataset"],
-                "--partition",
-                cell["partition"],
-                "--clients",
-                str(cell["clients"]),
-                "--rounds",
-                str(rounds),
-                "--set",
-                f"protocol={cell['protocol']}",
-                "--set",
-                f"join_ratio={cell['join_ratio']}",
-                "--set",
-                f"backbone={cell['backbone']}",
-                "--set",
-                f"checkpoint_every={checkpoint_every}",
-            ]
+            # on CUDA a method compiles once it is checked there on its backbone, in this folder or committed
+            compiled = campaign.device.startswith("cuda") and (cell["method"], cell["backbone"]) in checked
+            args = run_arguments(cell, rounds, checkpoint_every, "compiled" if compiled else "auto")
             todo.append((column, cell["method"], args, rounds))
     out: dict = {}
     pending = [t for t in todo if not finished(runs / t[0] / t[1], t[3])]
@@ -119,6 +105,42 @@ def real_run(campaign, deadline: float) -> dict:
         else ""
     )
     return {"runs": out, "line": line, "archive": [p.name for p in sorted(campaign.out.glob("runs.tar.xz.*"))]}
+
+
+def run_arguments(cell: dict, rounds: int, checkpoint_every: int, engine: str) -> list[str]:
+    """`tuner run`'s arguments for a cell of a column."""
+    return [
+        cell["method"],
+        "--dataset",
+        cell["dataset"],
+        "--partition",
+        cell["partition"],
+        "--clients",
+        str(cell["clients"]),
+        "--rounds",
+        str(rounds),
+        "--set",
+        f"protocol={cell['protocol']}",
+        "--set",
+        f"join_ratio={cell['join_ratio']}",
+        "--set",
+        f"backbone={cell['backbone']}",
+        "--set",
+        f"checkpoint_every={checkpoint_every}",
+        "--set",
+        f"engine={engine}",
+    ]
+
+
+def checked_on_cuda(checks: dict) -> set[tuple[str, str]]:
+    """(method, backbone) pairs checked to compile on CUDA and equal the CPU reference: tuner/compile.py's, and those
+    whose compiled check passed in this folder's correctness stage."""
+    passed = {
+        (c["method"], c["backbone"])
+        for name, c in checks.items()
+        if "compiled" in name and c["status"] == "passed" and "method" in c
+    }
+    return set(CUDA_CHECKED) | passed
 
 
 def pack(runs: Path, archive: Path) -> list[Path]:
