@@ -27,11 +27,13 @@ printed as one line, so a stop loses nothing and later commands add to what earl
 6. real run     the papers' Fashion-MNIST columns (--columns, in that order): every method of FedPAC
                 Table 1's pac:20 columns (20 clients; 100 clients at ρ = 0.3) at its 200 rounds, and of
                 GPFL Table 1's (dir:0.1, pat:2; 20 clients, 2000 rounds, no early stop: GPFL §4.1
-                runs 2000 iterations), as many at once as the knee. FedCP's Table 2 has no
-                Fashion-MNIST column (its MNIST ones need full MNIST). Runs land in
-                OUT/runs/COLUMN/METHOD for `tuner report`; a run stopped by the budget keeps its rows
-                and last checkpoint (every 5 rounds, 10 for 2000-round runs), and the next command's
-                real run resumes it; a finished run is never started again.
+                runs 2000 iterations; gpfl-dir-200 at 200), --seeds runs a method, as many at once as the
+                knee. FedCP's Table 2 has no Fashion-MNIST column (its MNIST ones need full MNIST). Runs
+                land in OUT/runs/COLUMN/METHOD-seedN for `tuner report`; those already under
+                --committed/COLUMN (results/gpu) or finished here are never run again; the rest go cheapest
+                first by their measured seconds a round, each started only where it fits the time left;
+                a run stopped by the budget keeps its rows and last checkpoint (every 5 rounds, 10 for
+                the GPFL columns), and the next command in the same folder resumes it.
 
 `--smoke` (with `--device cpu`) runs every stage in miniature (one method per family, digits,
 two rounds) in seconds: the test suite runs it so the campaign cannot rot.
@@ -62,7 +64,7 @@ from bench.campaign.summary import summary_markdown  # noqa: E402
 from bench.engine_speed import what_ran  # noqa: E402
 from bench.provenance import commit  # noqa: E402
 from tuner.config import RunConfig  # noqa: E402
-from tuner.run import build_simulation  # noqa: E402
+from tuner.run import build_simulation, device_name  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}
 STAGES = list(SHARES)
@@ -103,6 +105,7 @@ class Campaign:
             else ("cpu" if args.device == "auto" else args.device)
         )
         self.data = str(Path(args.data).resolve()) if args.data else None
+        self.environment_name = device_name(torch.device(self.device))  # as the runs' environment.json names it
         self.start = time.monotonic()
         self.end = self.start + 60 * args.budget_min
         self.stages = [name.strip().replace("-", " ") for name in args.stages.split(",")]
@@ -357,6 +360,12 @@ def main() -> None:
         "--columns",
         default=",".join(COLUMNS),
         help=f"the papers' columns the real-run stage runs, in order: {', '.join(COLUMNS)}",
+    )
+    ap.add_argument("--seeds", type=int, default=3, help="runs a method of a column, seeds 0 to N-1 (GPFL's 3 trials)")
+    ap.add_argument(
+        "--committed",
+        default=str(ROOT / "results/gpu"),
+        help="where earlier commands' runs of each column are kept (COLUMN/METHOD-seedN): those are not run again",
     )
     args = ap.parse_args()
     if not args.smoke and not args.data:

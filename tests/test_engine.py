@@ -346,6 +346,30 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
     ) in performance
 
 
+def test_the_rounds_from_which_auto_compiles_on_a_cpu_are_the_committed_bench_figures():
+    """GPFL's first round from an empty compile cache over what a compiled round saves, a backbone each: the MLP in
+    the small setting (digits), cnn4 in Table 1's; every timed round compiled nothing."""
+    from tuner.compile import CPU_COMPILE_ROUNDS
+
+    repaid, figures = {}, {}
+    for backbone in ("mlp", "cnn4"):
+        run = json.loads((ROOT / f"results/bench/compile-rounds-cpu-{backbone}.json").read_text())
+        f = run["figures"]["gpfl"]
+        assert run["machine"].startswith("CPU") and f["recompiles"] == 0 and f["programs"] > 0
+        assert ("--set backbone=mlp" in run["command"]) == (backbone == "mlp")
+        repaid[backbone] = math.ceil(f["compile + first round s"] / (f["eager s/round"] - f["compiled s/round"]))
+        figures[backbone] = f
+    assert CPU_COMPILE_ROUNDS == repaid
+    performance = " ".join((ROOT / "docs/performance.md").read_text().split())
+    assert f"`mlp` {repaid['mlp']} rounds and `cnn4` {repaid['cnn4']}" in performance
+    m, c = figures["mlp"], figures["cnn4"]
+    assert (
+        f"the MLP's digits round is {m['eager s/round']:.3f} s eager and {m['compiled s/round']:.3f} compiled after "
+        f"{m['compile + first round s']:.0f} s of compiling, cnn4's Table 1 round {c['eager s/round']:.1f} s eager "
+        f"and {c['compiled s/round']:.1f} compiled after {c['compile + first round s']:.0f} s"
+    ) in performance
+
+
 def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_the_committed_campaign():
     from tuner.compile import CPU_COMPILE_ROUNDS, CUDA_CHECKED
     from tuner.sweep.cluster import TRIALS_PER_GPU

@@ -80,5 +80,29 @@ def test_a_run_computes_its_convolutions_in_the_form_it_names():
     )
     net = build_method(replace(cfg, backbone="cnn4"), images).net.module
     assert [m.form for m in net.modules() if isinstance(m, torch.nn.Conv2d)] == ["unfold", "unfold"]
-    with pytest.raises(UserError, match="Unknown conv_form 'winograd'; choose one of grouped, unfold, channels_last"):
+    with pytest.raises(UserError, match="Unknown conv_form 'winograd'; choose one of grouped, unfold\\."):
         RunConfig(method="fedavg", dataset="digits", conv_form="winograd").resolved()
+
+
+def test_under_vmap_a_convolution_receives_nchw_whatever_the_layout_handed_in():
+    """Why there is no channels_last form: an input laid out NHWC reaches the convolution so outside vmap, but vmap's
+    rule folds the clients into the channels with a contiguous copy, so the kernel sees NCHW (the form that did this
+    measured 1.03x grouped, the copy's cost). A torch that keeps the layout fails here: then the form is worth
+    adding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Layouts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+            return func(*args, **(kwargs or {}))
+
+    conv = torch.nn.Conv2d(3, 8, 5)
+    params = {k: v.detach().expand(4, *v.shape).clone() for k, v in conv.named_parameters()}
+    nhwc = torch.randn(4, 10, 28, 28, 3).permute(0, 1, 4, 2, 3)  # clients, batch, then C, H, W over NHWC memory
+    with Layouts():
+        conv(nhwc[0])
+        torch.func.vmap(lambda p, x: torch.func.functional_call(conv, p, (x,)))(params, nhwc)
+    assert seen == [True, False]

@@ -905,7 +905,8 @@ def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
     assert worker_rounds(cpu, 16, 50, None, two_cores) == 400
     assert worker_rounds(cpu, 16, 50, 16, {"CPU": 16}) == worker_rounds(cpu, 16, 50, 1, two_cores) / 16 == 50
     assert worker_rounds({"cpu": 1, "gpu": 0.5}, 8, 10, None, {"CPU": 16, "GPU": 1}) == 40  # two trials a GPU
-    assert auto_engine("cpu", 60, "mlp", "gpfl") == "eager" and auto_engine("cpu", 400, "mlp", "gpfl") == "compiled"
+    assert auto_engine("cpu", 400, "mlp", "gpfl") == "eager"  # a 16-trial, 50-round sweep: compiling would not repay
+    assert auto_engine("cpu", CPU_COMPILE_ROUNDS["mlp"], "mlp", "gpfl") == "compiled"
     assert (
         auto_engine("cpu", CPU_COMPILE_ROUNDS["cnn4"], "cnn4", "gpfl") == "compiled"
         and auto_engine("cpu", 60, "a_users_backbone", "gpfl") == "eager"

@@ -21,10 +21,11 @@ from tuner.errors import first_sentence
 from tuner.files import write_atomic
 
 # Rounds on a CPU from which compiling repays itself: what a round saves depends on how much of it is small
-# operations, so the break-even is the backbone's. Set from runs of bench/compile_once.py (the small setting: GPFL,
-# digits, mlp) and bench/engine_speed.py (Table 1's cnn4) on the 2-core development machine at 8357c7e whose output
-# was not kept; `--json FILE` on either records a run. Unmeasured backbones take the largest.
-CPU_COMPILE_ROUNDS = {"mlp": 350, "cnn4": 40}
+# operations, so the break-even is the backbone's. GPFL's first round (compiling from an empty cache) over what a
+# compiled round saves, on the 2-core development machine: the MLP in the small setting (digits) and cnn4 in
+# Table 1's, from bench/engine_speed.py (results/bench/compile-rounds-cpu-{mlp,cnn4}.json; a test computes these
+# from them). Unmeasured backbones take the largest.
+CPU_COMPILE_ROUNDS = {"mlp": 620, "cnn4": 13}
 
 
 # Rounds on CUDA from which compiling repays itself (GPFL Table 1's setting, torch 2.11): the first round's

@@ -147,8 +147,9 @@ def backbone_for(input_shape: tuple[int, ...]) -> str:
 
 # How a convolution is computed (`conv_form`), the same numbers each: under vmap, torch's rule makes one grouped
 # convolution of every client's (`grouped`, which cuDNN runs client by client); `unfold` is im2col and a matrix
-# product (a batched matmul across clients); `channels_last` hands the convolution NHWC inputs.
-CONV_FORMS = ("grouped", "unfold", "channels_last")
+# product (a batched matmul across clients). An NHWC layout cannot be handed in: vmap's rule folds the clients into
+# the channels, a contiguous NCHW copy (tests/test_models.py shows it), so no `channels_last` form.
+CONV_FORMS = ("grouped", "unfold")
 
 
 class FormedConv2d(nn.Conv2d):
@@ -157,9 +158,6 @@ class FormedConv2d(nn.Conv2d):
     form = "grouped"
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.form == "channels_last":  # NHWC in memory, NCHW to the convolution (vmap refuses memory_format)
-            input = input.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-            return super()._conv_forward(input, weight, bias)
         if self.form == "grouped":
             return super()._conv_forward(input, weight, bias)
         n, _, h, w = input.shape

@@ -7,6 +7,7 @@ rounds and at the end), so a stopped run resumes exactly and a diverging one kee
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,6 +33,7 @@ from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_a
 from tuner.models import build_backbone, with_conv_form
 from tuner.plugins import method_class
 from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
+from tuner.tuned import checkout_commit
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
@@ -227,6 +229,22 @@ def rebuilt(sim: Simulation, cfg: RunConfig) -> Simulation:
     return new
 
 
+ENVIRONMENT_FILE = "environment.json"
+
+
+def device_name(device: torch.device) -> str:
+    """A device as a run's environment names it: the GPU's model, or the CPU and its cores."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+
+
+def read_environment(folder: Path) -> list[dict]:
+    """The environments a run's commands recorded (RunDir.record_environment), oldest first."""
+    entries = json.loads((folder / ENVIRONMENT_FILE).read_text())
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{ENVIRONMENT_FILE} is not a list of environments")
+    return entries
+
+
 class RunDir:
     """The files of one run."""
 
@@ -235,6 +253,20 @@ class RunDir:
         self.config = self.path / "config.yaml"
         self.metrics = self.path / "metrics.parquet"
         self.checkpoint = self.path / "checkpoint.pt"
+        self.environment = self.path / ENVIRONMENT_FILE
+
+    def record_environment(self, device: torch.device, from_round: int) -> None:
+        """Where the rounds from `from_round` on run (the device by name, torch, the commit, "+changes" where the
+        checkout differs from it), added to what earlier commands of this run recorded: a run resumed elsewhere
+        says so, and the report carries it beside the run's figures."""
+        entry = {
+            "from_round": from_round,
+            "device": device_name(device),
+            "torch": torch.__version__,
+            "commit": checkout_commit(),
+        }
+        kept = read_environment(self.path) if self.environment.exists() else []
+        write_text_atomic(self.environment, json.dumps([*kept, entry], indent=1) + "\n")
 
     def write_config(self, cfg: RunConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -333,6 +365,7 @@ def _run(
                 f"than {sim.round} to continue it."
             )
     run_dir.write_config(cfg)
+    run_dir.record_environment(sim.data.train.y.device, sim.round + 1)
     if given is not None:  # the run keeps a copy, which a resume replays on
         write_atomic(kept, lambda p: given.reset_index().to_parquet(p, index=False))
     try:

@@ -22,13 +22,14 @@ from tuner.config import RunConfig
 from tuner.errors import UserError, first_sentence
 from tuner.files import LOCK_FILE, lock_holder
 from tuner.plugins import method_title
-from tuner.run import RunDir
+from tuner.run import RunDir, read_environment
 from tuner.schedule import ROUNDS_FILE, read_rounds
 from tuner.selection import SCORE, best_of, selection, started
 from tuner.sweep.schedulers import SCHEDULERS
 from tuner.sweep.trials import TRIAL_RETRIES, trial_config
 
 SELECTION = {"test": "best test round", "val": "test at the best validation round"}
+RUN_ENVIRONMENT = ("device", "torch", "commit")  # a `tuner run`'s, from its environment.json
 # Settings that do not make a configuration another one: seeds (mean ± std runs over them) and plumbing.
 NOT_CONFIGURATION = (
     "seed",
@@ -125,6 +126,7 @@ def _run_info(run_dir: RunDir) -> dict:
         "select": "test",
         "config": run_dir.read_config(),
         "rows": pd.read_parquet(run_dir.metrics),
+        "environment": read_environment(run_dir.path) if run_dir.environment.exists() else [],
     }
 
 
@@ -264,6 +266,8 @@ def summarize(run: dict, select: str | None) -> dict:
         "failed": _failure(rows) or run.get("failed", ""),
         "selected_by": select,
         "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
+        # where its rounds ran (a run resumed elsewhere names each place, in order); "" where not recorded
+        **{key: "; ".join(dict.fromkeys(e[key] for e in run.get("environment", []))) for key in RUN_ENVIRONMENT},
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }
     chosen = selection(rows.to_dict("records"), select)
