@@ -724,6 +724,7 @@ def test_a_column_run_starts_the_measured_cheapest_first_and_none_that_cannot_fi
     device; one that cannot finish before the stage's deadline is not started, one not yet measured is."""
     load_campaign()
     import bench.campaign.real_run as stage
+    from bench.campaign.summary import summary_markdown
 
     committed, out = tmp_path / "committed", tmp_path / "out"
     for method, first, later in (("fedavg", 5.0, 1.0), ("local", 3.0, 0.1)):  # seed 0 done, on this device
@@ -755,7 +756,9 @@ def test_a_column_run_starts_the_measured_cheapest_first_and_none_that_cannot_fi
     result = stage.real_run(campaign, deadline=time.monotonic() + 60)
     assert started == ["local", "pfedhn", "pfedhn"]
     runs = result["runs"]
-    assert runs["fedpac-20/fedavg-seed1"] == {"finished": False, "rounds": 0, "left": "needs ~104 s"}
+    fedavg = runs["fedpac-20/fedavg-seed1"]
+    assert not fedavg["finished"] and fedavg["rounds"] == 0 and fedavg["left"] == "not started: needs ~104 s"
+    assert "| not started: needs ~104 s |" in summary_markdown({"real run": {**result, "seconds": 1.0}})
     assert runs["fedpac-20/local-seed0"]["where"] == str(committed) and runs["fedpac-20/fedavg-seed0"]["finished"]
     # measured on another device, the pace is not this one's: both unmeasured, both started
     started.clear()

@@ -79,7 +79,8 @@ def real_run(campaign, deadline: float) -> dict:
             while pending and len(running) < campaign.knee:  # a place that frees up takes the next run at once
                 run = pending.pop(0)
                 if run.cost_s is not None and run.cost_s > deadline - time.monotonic():
-                    out[run.name] = {"finished": False, "rounds": 0, "left": f"needs ~{run.cost_s:.0f} s"}
+                    left = f"not started: needs ~{run.cost_s:.0f} s"
+                    out[run.name] = run_figures(runs / run.name, False, 0.0) | {"left": left}
                     continue
                 proc = tuner_run([*run.args, "--out", str(runs / run.name)], campaign)
                 if proc is None:  # finished by an earlier command

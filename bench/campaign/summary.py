@@ -29,10 +29,16 @@ def summary_markdown(results: dict) -> str:
         ]
     runs = results.get("real run", {}).get("runs", {})
     if runs:
-        lines += ["", "| run | rounds | finished | s/round | best acc | final acc |", "|:--|--:|:--|--:|--:|--:|"]
+        lines += [
+            "",
+            "| run | rounds | finished | s/round | best acc | final acc | note |",
+            "|:--|--:|:--|--:|--:|--:|:--|",
+        ]
         lines += [
             f"| {k} | {r['rounds']} | {r['finished']} | {r['s_per_round']:.3g} | {r['best_acc']:.4f} | "
-            f"{r.get('final_acc', float('nan')):.4f} |"
+            f"{r.get('final_acc', float('nan')):.4f} | "
+            + (f"committed in {r['where']}" if "where" in r else r.get("left", ""))
+            + " |"
             for k, r in runs.items()
         ]
     failed = results.get("correctness", {}).get("checks", {})
