@@ -49,7 +49,10 @@ class PerFedAvg(Method):
         half = x.shape[0] // 2
         params = {k: state[k] for k in self.net.param_keys}
         buffers = {k: state[k] for k in self.net.buffer_keys}  # inputs, not captured: BatchNorm updates them in place
-        inner_loss = lambda p, b: F.cross_entropy(self.net.logits({**state, **b, **p}, x[:half]), y[:half])  # noqa: E731
+
+        def inner_loss(p, b):
+            return F.cross_entropy(self.net.logits({**state, **b, **p}, x[:half]), y[:half])
+
         g = grad(inner_loss)(params, buffers)
         if not self.hp.second_order:
             g = {k: v.detach() for k, v in g.items()}

@@ -107,7 +107,8 @@ def test_fedkd_distils_teacher_and_student_into_each_other_and_uploads_the_cut_s
     f_t, f_s = m.net.features(state, x), m.net.features(state, x, "global.body.")
     z_t, z_s = m.net.head(state, f_t), m.net.head(state, f_s, "global.head.")
     ce_t, ce_s = F.cross_entropy(z_t, y), F.cross_entropy(z_s, y)
-    kl = lambda a, b: F.kl_div(a, b, reduction="sum") / a.numel()  # noqa: E731  PFLlib's KLDivLoss(): its default "mean", over every element
+    # PFLlib's KLDivLoss(): its default "mean", over every element
+    kl = lambda a, b: F.kl_div(a, b, reduction="sum") / a.numel()  # noqa: E731
     mse = torch.nn.MSELoss()
     w_h = lambda f: f @ state["kd.W"].T  # noqa: E731
     teacher = ce_t + kl(F.log_softmax(z_t, 1), F.softmax(z_s, 1)) / (ce_t + ce_s) + mse(f_t, w_h(f_s)) / (ce_t + ce_s)

@@ -58,7 +58,8 @@ class Simulation:
         n = data.num_clients
         dtype = next(v.dtype for v in model.values() if v.is_floating_point())
         hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
-        as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731  method modules are float32
+        # method modules are float32
+        as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731
         self.server = as_model(method.init_server(model))
         client = as_model(method.init_client(model))
         self.clients = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).contiguous() for k, v in client.items()}

@@ -109,9 +109,11 @@ def run(
     ) as progress:
         task = progress.add_task(f"{method_class(cfg.method).name} round", total=cfg.rounds, acc="-", best="-")
 
+        def fmt(v) -> str:
+            return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
+
         def on_round(row: dict) -> None:
             nonlocal done
-            fmt = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"  # noqa: E731
             progress.update(task, completed=row["round"], acc=fmt(row.get("acc")), best=fmt(row.get("best_acc")))
             done += 1
 

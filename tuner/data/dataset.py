@@ -7,8 +7,8 @@ into the normalized floats the backbones expect.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

@@ -1,8 +1,8 @@
 """Dataset loaders: each returns the pooled (train + test) samples of one dataset.
 
 The papers pool a dataset's official splits and re-split per client, so a loader returns one
-array of samples and one of labels (a `Dataset`, tuner/data/dataset.py). Loaders read the standard on-disk layouts; where a user has internet, the torchvision
-download fills those layouts first.
+array of samples and one of labels (a `Dataset`, tuner/data/dataset.py). Loaders read the standard on-disk
+layouts; where a user has internet, the torchvision download fills those layouts first.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import gzip
 import importlib.util
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -108,7 +108,9 @@ def load_mnist(data_dir: Path | None, download: bool) -> Dataset:
 
         _download(lambda: torchvision.datasets.MNIST(str(root), train=True, download=True), "mnist")
         _download(lambda: torchvision.datasets.MNIST(str(root), train=False, download=True), "mnist")
-    x, y = _load_idx_dataset("MNIST", folders, "", "pass --set data_dir=FOLDER holding MNIST/raw/ (torchvision layout).")
+    x, y = _load_idx_dataset(
+        "MNIST", folders, "", "pass --set data_dir=FOLDER holding MNIST/raw/ (torchvision layout)."
+    )
     return Dataset("mnist", torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), 10, "image")
 
 
@@ -120,12 +122,17 @@ def load_emnist(data_dir: Path | None, download: bool) -> Dataset:
 
         _download(lambda: torchvision.datasets.EMNIST(str(root), "byclass", train=True, download=True), "emnist")
     x, y = _load_idx_dataset(
-        "EMNIST (byclass)", folders, "emnist-byclass", "pass --set data_dir=FOLDER holding EMNIST/raw/ (torchvision layout)."
+        "EMNIST (byclass)",
+        folders,
+        "emnist-byclass",
+        "pass --set data_dir=FOLDER holding EMNIST/raw/ (torchvision layout).",
     )
     x = np.ascontiguousarray(x.transpose(0, 2, 1))  # EMNIST stores images transposed
     # FedPAC's EMNIST groups: digits, upper-case and lower-case letters (byclass label order).
     groups = [list(range(0, 10)), list(range(10, 36)), list(range(36, 62))]
-    return Dataset("emnist", torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), 62, "image", groups)
+    return Dataset(
+        "emnist", torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), 62, "image", groups
+    )
 
 
 # ---------------------------------------------------------------- CIFAR (python pickles)
@@ -143,8 +150,10 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool, kind: str, cla
     try:
         parts = [cls(str(root), train=train) for train in (True, False)]
     except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
-        raise UserError(f"No whole {name} at {root / cls.base_folder} ({str(e).split('.')[0].lower()}); pass --set data_dir=FOLDER "
-                        f"holding {cls.base_folder}/ as torchvision unpacks it, or download it again.") from None
+        raise UserError(
+            f"No whole {name} at {root / cls.base_folder} ({str(e).split('.')[0].lower()}); pass --set data_dir=FOLDER "
+            f"holding {cls.base_folder}/ as torchvision unpacks it, or download it again."
+        ) from None
     x = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # torchvision keeps (N, H, W, C)
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     return Dataset(name, torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), classes, "image")
@@ -190,7 +199,9 @@ def _class_folder(folder: Path, classes: list[str]) -> tuple[list[Path], list[in
 def load_tinyimagenet(data_dir: Path | None, download: bool) -> Dataset:
     base = (data_dir or DEFAULT_ROOT) / "tiny-imagenet-200"
     if not (base / "train").is_dir():
-        raise UserError(f"No Tiny-ImageNet at {base}; unpack tiny-imagenet-200.zip into the folder --set data_dir=FOLDER names.")
+        raise UserError(
+            f"No Tiny-ImageNet at {base}; unpack tiny-imagenet-200.zip into the folder --set data_dir=FOLDER names."
+        )
     classes = sorted(p.name for p in (base / "train").iterdir() if p.is_dir())
     paths, labels = _class_folder(base / "train", classes)
     index = {c: i for i, c in enumerate(classes)}
@@ -208,14 +219,16 @@ def load_tinyimagenet(data_dir: Path | None, download: bool) -> Dataset:
 def load_cinic10(data_dir: Path | None, download: bool) -> Dataset:
     base = data_dir or DEFAULT_ROOT / "cinic-10"
     if not (base / "train").is_dir():
-        raise UserError(f"No CINIC-10 at {base}; pass --set data_dir=FOLDER holding train/, valid/ and test/ class folders.")
+        raise UserError(
+            f"No CINIC-10 at {base}; pass --set data_dir=FOLDER holding train/, valid/ and test/ class folders."
+        )
     classes = sorted(p.name for p in (base / "train").iterdir() if p.is_dir())
     paths, labels = [], []
     for split in ("train", "valid", "test"):
         if (base / split).is_dir():
-            p, l = _class_folder(base / split, classes)
-            paths += p
-            labels += l
+            split_paths, split_labels = _class_folder(base / split, classes)
+            paths += split_paths
+            labels += split_labels
     x = _read_images(paths, 32)
     return Dataset("cinic10", torch.from_numpy(x), torch.tensor(labels, dtype=torch.int64), len(classes), "image")
 
@@ -249,7 +262,9 @@ def load_agnews(data_dir: Path | None, download: bool) -> Dataset:
     for i, t in enumerate(texts):
         row = [vocab.get(tok, 1) for tok in t[:AGNEWS_MAX_LEN]]
         ids[i, : len(row)] = row
-    return Dataset("agnews", torch.from_numpy(ids), torch.tensor(labels, dtype=torch.int64), 4, "text", vocab=len(vocab) + 2)
+    return Dataset(
+        "agnews", torch.from_numpy(ids), torch.tensor(labels, dtype=torch.int64), 4, "text", vocab=len(vocab) + 2
+    )
 
 
 # ---------------------------------------------------------------- UCI HAR (text files)
@@ -264,7 +279,10 @@ def load_har(data_dir: Path | None, download: bool) -> Dataset:
         folder = base / split / "Inertial Signals"
         label_file = base / split / f"y_{split}.txt"
         if not label_file.exists():
-            raise UserError(f"No UCI HAR data at {base} (missing {label_file.name}); pass --set data_dir=FOLDER holding 'UCI HAR Dataset'.")
+            raise UserError(
+                f"No UCI HAR data at {base} (missing {label_file.name}); pass --set data_dir=FOLDER holding "
+                "'UCI HAR Dataset'."
+            )
         signals = [np.loadtxt(folder / f"{s}_{split}.txt", dtype=np.float32, ndmin=2) for s in HAR_SIGNALS]
         xs.append(np.stack(signals, axis=1)[:, :, None, :])  # (N, 9 channels, 1, 128 steps)
         ys.append(np.loadtxt(label_file, dtype=np.int64, ndmin=1) - 1)
@@ -280,7 +298,11 @@ def load_digits(data_dir: Path | None, download: bool) -> Dataset:
     package = importlib.util.find_spec("sklearn")
     if package is None:
         raise UserError("The digits dataset is scikit-learn's: install scikit-learn.")
-    rows = np.loadtxt(Path(package.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", delimiter=",", dtype=np.int64)
+    rows = np.loadtxt(
+        Path(package.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz",
+        delimiter=",",
+        dtype=np.int64,
+    )
     x = np.round(rows[:, :64].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 grey levels as bytes
     return Dataset("digits", torch.from_numpy(x), torch.from_numpy(rows[:, 64]), 10, "image")
 
@@ -304,5 +326,8 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     if is_user_data(name):
         return load_user_data(name)
     if name not in LOADERS:
-        raise UserError(f"Unknown dataset '{name}'; choose one of {', '.join(LOADERS)}, or give a path to your own (.parquet, .npz, PFLlib folder).")
+        raise UserError(
+            f"Unknown dataset '{name}'; choose one of {', '.join(LOADERS)}, or give a path to your own "
+            "(.parquet, .npz, PFLlib folder)."
+        )
     return LOADERS[name](Path(data_dir).expanduser() if data_dir else None, download)

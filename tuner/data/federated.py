@@ -6,9 +6,9 @@ DataLoader. Group shifts (FedPAC's concept shift and feature skew) are applied h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ class Split:
         index = offsets[ids][:, None] + torch.where(mask, pos[None, :], 0)
         return index.clamp_(max=max(len(self.y) - 1, 0)), mask
 
+
 @dataclass
 class FederatedData:
     train: Split
@@ -70,7 +71,7 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.train.counts)
 
-    def hold_out(self, frac: float) -> "FederatedData":
+    def hold_out(self, frac: float) -> FederatedData:
         """The last `frac` of each client's training rows set apart (as PFLlib's FedFomo does): local
         training sees the rest, a method's statistics see these."""
         keep, held = [], []
@@ -123,5 +124,14 @@ def build(ds: Dataset, part: Partition, shift: str, seed: int, normalize: str, d
 
     val = make(part.val) if any(len(v) for v in part.val) else None
     names = [ds.client_ids[o] for o in part.owners] if part.owners is not None and ds.client_ids else None
-    return FederatedData(make(part.train), make(part.test), val, ds.num_classes, ds.input_shape, part.group, decode(ds, normalize), ds.vocab,
-                         client_names=names)
+    return FederatedData(
+        make(part.train),
+        make(part.test),
+        val,
+        ds.num_classes,
+        ds.input_shape,
+        part.group,
+        decode(ds, normalize),
+        ds.vocab,
+        client_names=names,
+    )

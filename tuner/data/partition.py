@@ -45,8 +45,11 @@ class PartitionSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-RANGES = {"pat": "a whole number of classes per client, at least 1", "dir": "a Dirichlet concentration above 0",
-          "pac": "the uniform share in %, from 0 to 100"}
+RANGES = {
+    "pat": "a whole number of classes per client, at least 1",
+    "dir": "a Dirichlet concentration above 0",
+    "pac": "the uniform share in %, from 0 to 100",
+}
 
 
 def parse_partition(text: str) -> tuple[str, float | None]:
@@ -63,7 +66,8 @@ def parse_partition(text: str) -> tuple[str, float | None]:
             return kind, v
         raise UserError(f"Partition '{text}': {kind}'s value must be {RANGES[kind]}, not {value}.")
     raise UserError(
-        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), pac:S (S % uniform, 0-100) or natural (your data's own clients)."
+        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), "
+        "pac:S (S % uniform, 0-100) or natural (your data's own clients)."
     )
 
 
@@ -79,8 +83,15 @@ class Partition:
         return np.array([len(t) for t in self.train])
 
 
-def partition(labels: np.ndarray, num_classes: int, spec: PartitionSpec, pac_groups: list[list[int]] | None = None, dataset: str = "",
-              owners: np.ndarray | None = None, is_train: np.ndarray | None = None) -> Partition:
+def partition(
+    labels: np.ndarray,
+    num_classes: int,
+    spec: PartitionSpec,
+    pac_groups: list[list[int]] | None = None,
+    dataset: str = "",
+    owners: np.ndarray | None = None,
+    is_train: np.ndarray | None = None,
+) -> Partition:
     """Partition the pooled labels over spec.clients clients, cached under `dataset` (a user's data, whose
     file may change, is never cached). natural: `owners` gives each sample's client, `is_train` the split."""
     path = CACHE_ROOT / f"{dataset}-{spec.kind}-{spec.key(dataset, len(labels))}.npz"
@@ -139,13 +150,17 @@ def _check_sizes(owned: list[np.ndarray], spec: PartitionSpec) -> None:
     small = min(len(o) for o in owned)
     if small < spec.min_samples:
         raise UserError(
-            f"Partition {spec.kind}:{spec.value:g} leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer clients or a larger dataset."
+            f"Partition {spec.kind}:{spec.value:g} leaves a client with {small} samples (< "
+            f"min_samples={spec.min_samples}); use fewer clients or a larger dataset."
             if spec.value is not None
-            else f"Partition iid leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer clients."
+            else f"Partition iid leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer "
+            "clients."
         )
 
 
-def _pathological(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+def _pathological(
+    labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Each client holds exactly n classes; each class is split among its holders (disjoint)."""
     n = int(spec.value)
     present = np.unique(labels)
@@ -162,16 +177,20 @@ def _pathological(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng
         idx = rng.permutation(np.flatnonzero(labels == c))
         shares = np.ones(len(who)) if spec.balance else rng.uniform(0.1, 1.0, len(who))  # unbalanced, as in GPFL/FedCP
         cuts = (np.cumsum(shares / shares.sum()) * len(idx)).astype(int)[:-1]
-        for client, part in zip(who, np.split(idx, cuts)):
+        for client, part in zip(who, np.split(idx, cuts), strict=True):
             owned[client].append(part)
     return [np.concatenate(p) if p else np.array([], dtype=np.int64) for p in owned]
 
 
-def _dirichlet(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator, max_tries: int = 1000) -> list[np.ndarray]:
+def _dirichlet(
+    labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator, max_tries: int = 1000
+) -> list[np.ndarray]:
     """Per class, q ~ Dir(beta) over clients; redraw until every client has min_samples."""
     n, k = len(labels), spec.clients
     if n < k * spec.min_samples:
-        raise UserError(f"The dataset has {n} samples, too few for {k} clients of at least {spec.min_samples}; use fewer clients.")
+        raise UserError(
+            f"The dataset has {n} samples, too few for {k} clients of at least {spec.min_samples}; use fewer clients."
+        )
     for _ in range(max_tries):
         owned: list[list[int]] = [[] for _ in range(k)]
         for c in range(num_classes):
@@ -181,12 +200,13 @@ def _dirichlet(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: n
             q = q * np.array([len(o) < n / k for o in owned])
             q = q / q.sum() if q.sum() > 0 else np.full(k, 1.0 / k)
             cuts = (np.cumsum(q) * len(idx)).astype(int)[:-1]
-            for o, part in zip(owned, np.split(idx, cuts)):
+            for o, part in zip(owned, np.split(idx, cuts), strict=True):
                 o.extend(part.tolist())
         if min(len(o) for o in owned) >= spec.min_samples:
             return [np.array(o, dtype=np.int64) for o in owned]
     raise UserError(
-        f"Partition dir:{spec.value:g} could not give each of {k} clients {spec.min_samples} samples in {max_tries} draws; use a larger beta or fewer clients."
+        f"Partition dir:{spec.value:g} could not give each of {k} clients {spec.min_samples} samples in "
+        f"{max_tries} draws; use a larger beta or fewer clients."
     )
 
 
@@ -207,7 +227,9 @@ def pac_counts(size: int, s: float, num_classes: int, dominant: list[int]) -> np
     counts[-1] += uniform - num_classes * (uniform // num_classes)
     rest = size - uniform
     for j, c in enumerate(dominant):
-        counts[c] += rest // len(dominant) + (rest - len(dominant) * (rest // len(dominant)) if j == len(dominant) - 1 else 0)
+        counts[c] += rest // len(dominant) + (
+            rest - len(dominant) * (rest // len(dominant)) if j == len(dominant) - 1 else 0
+        )
     return counts
 
 
@@ -220,7 +242,8 @@ class _Pool:
     def take(self, n: int) -> np.ndarray:
         if n > len(self.idx):
             raise UserError(
-                f"Partition pac needs {n} {self.split} samples of class {self.label} for one client but the dataset has {len(self.idx)}; "
+                f"Partition pac needs {n} {self.split} samples of class {self.label} for one client but the "
+                f"dataset has {len(self.idx)}; "
                 "use smaller pac_train/pac_test."
             )
         if self.pos + n > len(self.idx):

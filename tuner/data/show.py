@@ -39,8 +39,15 @@ def summary_rows(data: FederatedData) -> list[dict]:
     rows = []
     for i in range(data.num_clients):
         c = counts[i]
-        rows.append({
-            "client": i, "group": int(data.group[i]), "train": int(c.sum()), "test": data.test.counts[i], "val": val[i],
-            "classes": int((c > 0).sum()), "top class": f"{int(c.argmax())} ({100 * c.max() / max(c.sum(), 1):.0f}%)",
-        })
+        rows.append(
+            {
+                "client": i,
+                "group": int(data.group[i]),
+                "train": int(c.sum()),
+                "test": data.test.counts[i],
+                "val": val[i],
+                "classes": int((c > 0).sum()),
+                "top class": f"{int(c.argmax())} ({100 * c.max() / max(c.sum(), 1):.0f}%)",
+            }
+        )
     return rows

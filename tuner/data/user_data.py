@@ -55,9 +55,13 @@ def load_user_data(path: str | Path):
     elif p.suffix == ".npz" and p.is_file():
         columns = _npz(p)
     elif not p.exists():
-        raise UserError(f"Dataset {p} does not exist; name a .parquet or .npz file, or a folder of PFLlib's train/ and test/ files.")
+        raise UserError(
+            f"Dataset {p} does not exist; name a .parquet or .npz file, or a folder of PFLlib's train/ and test/ files."
+        )
     else:
-        raise UserError(f"Dataset {p} is neither a .parquet nor an .npz file nor a folder of PFLlib's train/ and test/ files.")
+        raise UserError(
+            f"Dataset {p} is neither a .parquet nor an .npz file nor a folder of PFLlib's train/ and test/ files."
+        )
     ds = _dataset(p, *columns)
     _LOADED.clear()  # one dataset at a time: a sweep's trials all read the same one
     _LOADED[stamp] = ds
@@ -74,10 +78,15 @@ def _parquet(p: Path):
     try:
         table = pq.read_table(p)
     except (pa.ArrowInvalid, OSError) as e:
-        raise UserError(f"Dataset {p} cannot be read as Parquet ({e}); write it with pandas' to_parquet or pyarrow.") from None
+        raise UserError(
+            f"Dataset {p} cannot be read as Parquet ({e}); write it with pandas' to_parquet or pyarrow."
+        ) from None
     missing = [c for c in ("x", "y") if c not in table.column_names]
     if missing:
-        raise UserError(f"Dataset {p} has no column {missing[0]}; it needs x (one feature vector or image per row) and y (integer labels).")
+        raise UserError(
+            f"Dataset {p} has no column {missing[0]}; it needs x (one feature vector or image per row) and y "
+            "(integer labels)."
+        )
     x = _nested_lists(table.column("x").combine_chunks(), p)
     get = lambda c: table.column(c).to_numpy(zero_copy_only=False) if c in table.column_names else None  # noqa: E731
     return x, get("y"), get("client"), get("split")
@@ -86,11 +95,16 @@ def _parquet(p: Path):
 def _nested_lists(column: pa.Array, p: Path) -> np.ndarray:
     """(N, d1, d2, ...) from a column of (nested) lists of equal lengths."""
     shape = [len(column)]
-    while pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type):
+    while (
+        pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type)
+    ):
         lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():
             row = int(np.flatnonzero(lengths != lengths[0])[0])
-            raise UserError(f"Dataset {p}: the x of row {row} has {lengths[row]} values where row 0 has {lengths[0]}; every sample must have one shape.")
+            raise UserError(
+                f"Dataset {p}: the x of row {row} has {lengths[row]} values where row 0 has {lengths[0]}; "
+                "every sample must have one shape."
+            )
         shape.append(int(lengths[0]) if len(lengths) else 0)
         column = column.flatten()
     if column.null_count:
@@ -103,7 +117,10 @@ def _npz(p: Path):
         with np.load(p, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except ValueError as e:
-        raise UserError(f"Dataset {p} holds Python objects, not plain arrays ({e}); save x, y, client and split as numeric or string arrays.") from None
+        raise UserError(
+            f"Dataset {p} holds Python objects, not plain arrays ({e}); save x, y, client and split as numeric "
+            "or string arrays."
+        ) from None
     except OSError as e:
         raise UserError(f"Dataset {p} cannot be read as .npz ({e}).") from None
     missing = [c for c in ("x", "y") if c not in arrays]
@@ -117,18 +134,30 @@ def _pfllib_folder(p: Path):
     them (utils/dataset_utils.py save_file), whose client and class counts are checked against the files."""
     files = {s: {int(f.stem): f for f in (p / s).glob("*.npz") if f.stem.isdigit()} for s in SPLITS}
     if not files["train"] or not files["test"]:
-        raise UserError(f"Folder {p} is not a PFLlib dataset: it needs train/ and test/ folders of per-client files 0.npz, 1.npz, ...")
+        raise UserError(
+            f"Folder {p} is not a PFLlib dataset: it needs train/ and test/ folders of per-client files 0.npz, "
+            "1.npz, ..."
+        )
     config = _pfllib_config(p)
     highest = max(*files["train"], *files["test"])
     clients = config.get("num_clients", highest + 1)
     if clients <= highest:
-        raise UserError(f"Folder {p}: config.json says {clients} clients, but it holds {highest}.npz; fix config.json or regenerate the dataset.")
+        raise UserError(
+            f"Folder {p}: config.json says {clients} clients, but it holds {highest}.npz; fix config.json or "
+            "regenerate the dataset."
+        )
     for split in SPLITS:
         missing = [f"{i}.npz" for i in range(clients) if i not in files[split]]
         if missing:
-            said = f"config.json says {clients} clients" if config.get("num_clients") == clients else f"clients are numbered 0 ... {clients - 1}"
-            raise UserError(f"Folder {p}: {split}/ lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({said}); "
-                            "regenerate the dataset, or fix config.json.")
+            said = (
+                f"config.json says {clients} clients"
+                if config.get("num_clients") == clients
+                else f"clients are numbered 0 ... {clients - 1}"
+            )
+            raise UserError(
+                f"Folder {p}: {split}/ lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({said}); "
+                "regenerate the dataset, or fix config.json."
+            )
     xs, ys, owners, splits = [], [], [], []
     for split in SPLITS:
         for client in range(clients):
@@ -139,12 +168,16 @@ def _pfllib_folder(p: Path):
             splits.append(np.full(len(y), split))
     shapes = {x.shape[1:] for x in xs}
     if len(shapes) > 1:
-        raise UserError(f"Folder {p}: clients' samples have different shapes {sorted(shapes)}; every sample must have one shape.")
+        raise UserError(
+            f"Folder {p}: clients' samples have different shapes {sorted(shapes)}; every sample must have one shape."
+        )
     y = np.concatenate(ys)
     classes = config.get("num_classes")
     if classes is not None and len(y) and classes != int(y.max()) + 1:
-        raise UserError(f"Folder {p}: config.json says num_classes {classes}, but the clients' labels run 0 ... {int(y.max())} "
-                        f"({int(y.max()) + 1} classes); fix config.json or regenerate the dataset.")
+        raise UserError(
+            f"Folder {p}: config.json says num_classes {classes}, but the clients' labels run 0 ... {int(y.max())} "
+            f"({int(y.max()) + 1} classes); fix config.json or regenerate the dataset."
+        )
     return np.concatenate(xs), y, np.concatenate(owners), np.concatenate(splits)
 
 
@@ -167,12 +200,18 @@ def _pfllib_client(f: Path) -> tuple[np.ndarray, np.ndarray]:
             data = z["data"].tolist()
         x = data["x"]
         first = x[0] if len(x) else None  # PFLlib's text datasets: (token ids, length) pairs
-        if not (isinstance(first, (tuple, list)) and len(first) == 2 and np.ndim(first[0]) == 1 and np.isscalar(first[1])):
+        if not (
+            isinstance(first, (tuple, list)) and len(first) == 2 and np.ndim(first[0]) == 1 and np.isscalar(first[1])
+        ):
             return np.asarray(x), np.asarray(data["y"])
     except (KeyError, TypeError, ValueError, OSError) as e:
-        raise UserError(f"{f} is not one of PFLlib's client files (a 'data' dict of x and y): {type(e).__name__}: {e}") from None
-    raise UserError(f"{f} holds PFLlib's text format (each x a (tokens, length) pair), which is not read; "
-                    "write the token ids as one integer array per client, or use the built-in agnews.")
+        raise UserError(
+            f"{f} is not one of PFLlib's client files (a 'data' dict of x and y): {type(e).__name__}: {e}"
+        ) from None
+    raise UserError(
+        f"{f} holds PFLlib's text format (each x a (tokens, length) pair), which is not read; "
+        "write the token ids as one integer array per client, or use the built-in agnews."
+    )
 
 
 # ---------------------------------------------------------------- checks, and the Dataset
@@ -192,9 +231,14 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
     if x.ndim == 3:  # (N, H, W): grey images
         x = x[:, None]
     if x.ndim not in (2, 4):
-        raise UserError(f"Dataset {p}: each x must be a feature vector or an image (channels, height, width), not shape {x.shape[1:]}.")
+        raise UserError(
+            f"Dataset {p}: each x must be a feature vector or an image (channels, height, width), not shape "
+            f"{x.shape[1:]}."
+        )
     image = x.ndim == 4
-    tensor = torch.from_numpy(np.ascontiguousarray(x if image and x.dtype == np.uint8 else x.astype(np.float32)))  # bytes: images to normalize
+    tensor = torch.from_numpy(
+        np.ascontiguousarray(x if image and x.dtype == np.uint8 else x.astype(np.float32))
+    )  # bytes: images to normalize
     owners = is_train = ids = None
     if client is not None:
         codes, names = pd.factorize(np.asarray(client), sort=True)
@@ -208,16 +252,29 @@ def _dataset(p: Path, x: np.ndarray, y, client, split):
         if owners is not None:
             empty = [c for c in range(owners.max() + 1) if not is_train[owners == c].any()]
             if empty:
-                raise UserError(f"Dataset {p}: client {ids[empty[0]]} has no training samples; give it some or drop it.")
-    return Dataset(name=p.stem, x=tensor, y=torch.from_numpy(y), num_classes=int(y.max()) + 1, kind="image" if image else "signal",
-                   owners=owners, is_train=is_train, client_ids=ids)
+                raise UserError(
+                    f"Dataset {p}: client {ids[empty[0]]} has no training samples; give it some or drop it."
+                )
+    return Dataset(
+        name=p.stem,
+        x=tensor,
+        y=torch.from_numpy(y),
+        num_classes=int(y.max()) + 1,
+        kind="image" if image else "signal",
+        owners=owners,
+        is_train=is_train,
+        client_ids=ids,
+    )
 
 
 def _labels(y: np.ndarray, p: Path) -> np.ndarray:
     if y.dtype == bool or not np.issubdtype(y.dtype, np.number):
         raise UserError(f"Dataset {p}: y must hold integer class labels 0, 1, ..., not {y.dtype} values.")
     if np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y).all() and (y == np.round(y)).all()):
-        raise UserError(f"Dataset {p}: y must hold integer class labels, not fractions or NaN (first in row {int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])}).")
+        raise UserError(
+            f"Dataset {p}: y must hold integer class labels, not fractions or NaN (first in row "
+            f"{int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])})."
+        )
     y = y.astype(np.int64)
     if y.min() < 0:
         raise UserError(f"Dataset {p}: y holds the negative label {y.min()}; number classes 0, 1, ...")
@@ -225,6 +282,8 @@ def _labels(y: np.ndarray, p: Path) -> np.ndarray:
     if len(found) != found[-1] + 1:  # a class with no sample: labels 1..K would train an empty class 0
         missing = sorted(set(range(found[-1] + 1)) - set(found.tolist()))
         shown = ", ".join(map(str, found[:12])) + (", ..." if len(found) > 12 else "")
-        raise UserError(f"Dataset {p}: y's labels are {shown}, with no sample of class {', '.join(map(str, missing[:5]))}; "
-                        f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1).")
+        raise UserError(
+            f"Dataset {p}: y's labels are {shown}, with no sample of class {', '.join(map(str, missing[:5]))}; "
+            f"number the classes 0, 1, ..., {len(found) - 1} (labels 1..K: subtract 1)."
+        )
     return y
