@@ -1202,7 +1202,9 @@ def test_a_tuned_comparison_stopped_by_ctrl_c_mid_search_resumes_to_the_end_runn
     record = yaml.safe_load((tmp_path / "roster-tuned" / "comparison.yaml").read_text())
     assert record["done"] == ["defaults"] and record["wall_s"] > 0
     defaults = {t["dir"].name: len(t["rows"]) for t in trials(tmp_path / "roster-tuned" / "defaults")}
-    res = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    # a hang guard, 10x the whole test's quiet 103 s: a fresh clone beside a long measurement once took over 600
+    resumed = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    res = subprocess.run([*command, "--resume"], **resumed)
     assert res.returncode == 0, res.stdout + res.stderr
     assert {t["dir"].name: len(t["rows"]) for t in trials(tmp_path / "roster-tuned" / "defaults")} == defaults
     searched = trials(search)
