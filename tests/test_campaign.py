@@ -765,3 +765,13 @@ def test_a_column_run_starts_the_measured_cheapest_first_and_none_that_cannot_fi
     campaign.environment_name = "GPU Y"
     stage.real_run(campaign, deadline=time.monotonic() + 60)
     assert sorted(started) == ["fedavg", "local", "pfedhn", "pfedhn"]
+
+
+def test_with_no_run_going_the_real_run_waits_for_nothing():
+    """A column whose remaining runs were all finished earlier or could not fit waited out the rest of its budget:
+    waiting on no process returns at once (a guard far above that: an hour's deadline, a minute's limit)."""
+    load_campaign()
+    from bench.campaign.processes import wait_any
+
+    t0 = time.monotonic()
+    assert wait_any([], deadline=t0 + 3600) == [] and time.monotonic() - t0 < 60

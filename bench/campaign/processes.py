@@ -64,8 +64,8 @@ def wait_all(procs: list[subprocess.Popen], deadline: float) -> bool:
 
 
 def wait_any(procs: list[subprocess.Popen], deadline: float) -> list[subprocess.Popen]:
-    """The processes that have ended, as soon as one has (none: the deadline came first)."""
-    while time.monotonic() < deadline:
+    """The processes that have ended, as soon as one has (none: the deadline came first, or none was running)."""
+    while procs and time.monotonic() < deadline:
         ended = [p for p in procs if p.poll() is not None]
         if ended:
             return ended
