@@ -37,7 +37,7 @@ def summary_markdown(results: dict) -> str:
         lines += [
             f"| {k} | {r['rounds']} | {r['finished']} | {r['s_per_round']:.3g} | {r['best_acc']:.4f} | "
             f"{r.get('final_acc', float('nan')):.4f} | "
-            + (f"committed in {r['where']}" if "where" in r else r.get("left", ""))
+            + (f"finished earlier, in {r['where']}" if "where" in r else r.get("left", ""))
             + " |"
             for k, r in runs.items()
         ]
