@@ -36,7 +36,7 @@ CUDA_COMPILE_ROUNDS = {("gpfl", "cnn4"): 12, ("fedavg", "cnn4"): 16, ("fedcp", "
 
 # (method, backbone) pairs the GPU checks found to compile on CUDA (every step and batch compiled, every step a
 # CUDA graph) and equal the sequential CPU run in float64 (results/gpu: check-h100-7b36476, check-h200-a50e3b0 and
-# check-h200-7a0cf86, all on digits with the MLP but FedPer, on ResNet-18; tests/test_campaign.py reads them back).
+# check-h200-7a0cf86, all on digits with the MLP but FedPer, on ResNet-18; tests/test_gpu_records.py reads them back).
 # A backbone is another program: a pair not checked runs eager on CUDA, so the papers' cnn4 columns compile
 # under `auto` once bench/gpu_check.py has checked them on cnn4.
 CUDA_CHECKED = frozenset(
