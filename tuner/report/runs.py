@@ -267,7 +267,10 @@ def summarize(run: dict, select: str | None) -> dict:
         "selected_by": select,
         "time_s": float(rows["time_s"].sum()) if "time_s" in rows else math.nan,
         # where its rounds ran (a run resumed elsewhere names each place, in order); "" where not recorded
-        **{key: "; ".join(dict.fromkeys(e[key] for e in run.get("environment", []))) for key in RUN_ENVIRONMENT},
+        **{
+            key: "; ".join(dict.fromkeys(str(e.get(key, "")) for e in run.get("environment", [])))
+            for key in RUN_ENVIRONMENT
+        },
         **{f"hp_{k}": v for k, v in cfg.hparams.items()},
     }
     chosen = selection(rows.to_dict("records"), select)
