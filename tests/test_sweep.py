@@ -23,6 +23,7 @@ from tuner.selection import SCORE, score, selection, trial_score
 from tuner.sweep.cluster import OWN_RAY_CONFIG
 from tuner.sweep.schedulers import asha
 from tuner.sweep.stopping import Patience, RoundBudget
+from tuner.sweep.storage import PARTIAL
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
@@ -186,6 +187,9 @@ def test_sweep_searches_checkpoints_and_reruns_the_best_with_seeds(tmp_path, ray
     assert seeds[0]["rows"][-1]["acc"] != seeds[1]["rows"][-1]["acc"]  # the seeds really differ
     again = CliRunner().invoke(app, ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path)])
     assert again.exit_code == 2 and "already holds a sweep; pass --resume" in again.output
+    # Ray Tune wrote the sweep's folder in whole files (tuner/sweep/storage.py), none left partial
+    assert b"WholeFiles" in (tmp_path / "fedavg-tiny" / "search" / "tuner.pkl").read_bytes()
+    assert not list(tmp_path.rglob(f"*{PARTIAL}*"))
 
 
 @pytest.mark.ray
@@ -866,22 +870,6 @@ def test_a_storage_that_fills_stops_the_sweep_in_one_sentence_and_resume_finishe
     assert len(after) == 2
     for t in after:  # the trial cut short went on from its checkpoint: every round once
         assert [r["round"] for r in t["rows"]] == [1, 2, 3, 4]
-
-
-def test_a_pickled_trial_error_cut_short_is_dropped_before_resume(tmp_path):
-    import pickle
-
-    from tuner.sweep.recovery import drop_damaged_errors
-
-    cut, whole = tmp_path / "trial_a" / "error.pkl", tmp_path / "trial_b" / "error.pkl"
-    for f in (cut, whole):
-        f.parent.mkdir()
-        (f.parent / "error.txt").write_text("Failure # 1\nOSError: No space left on device\n")
-    cut.write_bytes(pickle.dumps(OSError("No space left on device"))[:7])  # as a full disk or a kill leaves it
-    whole.write_bytes(pickle.dumps(OSError("No space left on device")))
-    drop_damaged_errors(tmp_path)
-    assert not cut.exists() and whole.exists()  # Tune then reads trial_a's error from its error.txt
-    assert (cut.parent / "error.txt").exists()
 
 
 def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_for_otherwise(monkeypatch):

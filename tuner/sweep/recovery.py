@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import pickletools
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -145,6 +146,41 @@ def drop_damaged_errors(path: Path) -> None:
                 pickle.load(f)
         except (EOFError, pickle.UnpicklingError):
             pickled.unlink()
+
+
+SEARCH_STATES = ("search_gen_state-*.json", "searcher-state-*.pkl")  # pickles, whatever their names say
+
+
+def refuse_damaged_state(path: Path) -> None:
+    """The saved state Ray Tune restores a stage from, cut short by a kill mid-write (a sweep written before the
+    storage wrote whole files: tuner/sweep/storage.py), is refused in one sentence: Tune would end in a bare
+    "Aborted." (an empty tuner.pkl) or quietly start the stage again from nothing (a cut snapshot)."""
+    snapshot = max(path.glob("experiment_state-*.json"), default=None)  # the newest: the one Tune restores
+    pickled = [path / "tuner.pkl", *(max(path.glob(p), default=None) for p in SEARCH_STATES)]
+    for f, whole in [(snapshot, _json_whole), *((p, _pickle_whole) for p in pickled)]:
+        if f is not None and f.exists() and not whole(f):
+            raise UserError(
+                f"Cannot resume: {f} is cut short (the sweep was killed while Ray Tune wrote it); the trials in "
+                f"{path} stay as they are, and the sweep run again with another --storage or --name starts anew."
+            )
+
+
+def _json_whole(f: Path) -> bool:
+    try:
+        json.loads(f.read_bytes())
+    except ValueError:
+        return False
+    return True
+
+
+def _pickle_whole(f: Path) -> bool:
+    """Its opcodes walked to STOP, none executed."""
+    try:
+        for _ in pickletools.genops(f.read_bytes()):
+            pass
+    except ValueError:
+        return False
+    return True
 
 
 @contextmanager

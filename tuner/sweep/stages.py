@@ -34,11 +34,13 @@ from tuner.sweep.recovery import (
     StoppableOptunaSearch,
     StorageWatch,
     drop_damaged_errors,
+    refuse_damaged_state,
     requeue_lost_trials,
     stopping_cleanly,
 )
 from tuner.sweep.schedulers import first_population, scheduler_of, tune_domain
 from tuner.sweep.stopping import FinalFailures, stoppers
+from tuner.sweep.storage import whole_file_storage
 from tuner.sweep.trainable import federated_trial
 from tuner.sweep.trials import TRIAL_RETRIES
 
@@ -93,8 +95,9 @@ def run_stage(
     )
     trainable = tune.with_resources(trainable, request)
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
+        refuse_damaged_state(path)
         drop_damaged_errors(path)
-        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False)
+        tuner = restored(path, trainable)
     else:
         write_experiment(path, stage, base, select, **(extra or {}))
         tuner = tune.Tuner(
@@ -115,6 +118,7 @@ def run_stage(
             run_config=tune.RunConfig(
                 name=stage,
                 storage_path=str(sweep_dir),
+                storage_filesystem=whole_file_storage(),
                 stop=stopper,
                 callbacks=[
                     SweepProgress(expected or samples, rounds, select),
@@ -141,7 +145,7 @@ def run_stage(
                 flush=True,
             )
             stage_counts.update(early=0, failed=0, done=0)
-            grid = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False).fit()
+            grid = restored(path, trainable).fit()
     # a trial stopped by Ctrl-C is neither done nor failed; one never begun neither
     ended = stage_counts["done"] + stage_counts["failed"]
     spent = sum((r.metrics or {}).get("round", 0) for r in grid)
@@ -153,6 +157,13 @@ def run_stage(
             "Run the same command with --resume to continue."
         )
     return grid
+
+
+def restored(path: Path, trainable) -> tune.Tuner:
+    """A stage's experiment as Ray Tune saved it: finished and failed trials stay as they are."""
+    return tune.Tuner.restore(
+        str(path), trainable, resume_unfinished=True, resume_errored=False, storage_filesystem=whole_file_storage()
+    )
 
 
 def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
