@@ -80,3 +80,24 @@ def compiling_fails(monkeypatch):
         return program
 
     monkeypatch.setattr(tuner.compile, "compile_program", failing)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """Ray for this module's sweeps, one trial at a time: a stage's trials share one worker (reuse_actors), which
+    starts and imports torch once (~5 s of CPU a worker), while the suite's other xdist worker keeps the second core.
+    Configured as a sweep starts its own (tuner/sweep/cluster.py)."""
+    import ray
+
+    from tuner.sweep.cluster import OWN_RAY_CONFIG
+
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        _system_config=OWN_RAY_CONFIG,
+    )
+    yield
+    ray.shutdown()

@@ -49,6 +49,12 @@ def test_no_module_is_longer_than_a_reader_takes_in_at_once():
     assert not long, long
 
 
+def test_no_test_file_is_longer_than_700_lines():
+    """Tests split by concern: a file a reader can hold, one subject each."""
+    long = {p.name: n for p in (ROOT / "tests").glob("*.py") if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, long
+
+
 def test_a_configuration_is_resolved_in_two_places_at_most():
     calls = [
         f"{name}:{i}"

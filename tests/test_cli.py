@@ -3,16 +3,11 @@
 import pandas as pd
 import pytest
 import yaml
-from typer.testing import CliRunner
+from cli_runs import invoke, runner
 
 from tuner.cli import app
 
-runner = CliRunner()
 DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4"]
-
-
-def invoke(*args):
-    return runner.invoke(app, list(args))
 
 
 def test_run_writes_metrics_and_a_rerunnable_config(tmp_path):

@@ -12,21 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
+from cli_runs import invoke, runner
 
 from tuner.cli import app
 from tuner.files import write_atomic, write_text_atomic
 from tuner.sweep.trials import TRIAL_RETRIES
 
 ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
 DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "2"]
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN = {"tuner", "algorithms", "bench", "tests", "simulations", "written_data", "conftest", "__future__"}
+# the project's packages, and the tests' helper modules beside them
+OWN = {"tuner", "algorithms", "bench", "tests", "__future__"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
 
 
 def imported(folder: str) -> dict[str, str]:
