@@ -14,7 +14,7 @@ What is mixed (`mix`):
 - "outputs" (`apfl-outputs`): the authors' code mixes the two models' logits instead,
   α f(x; v) + (1 − α) f(x; w), in training (w detached) and in prediction (MLOPTPSU/FedTorch,
   comms/utils/eval.py inference_personal; FL-bench's APFL does the same). FedPAC's Table 1 row runs
-  this form (tuner/papers.py RELABELLED): FedPAC tunes a fixed α, as FedTorch's non-adaptive mode
+  this form (tuner/settings/papers.py RELABELLED): FedPAC tunes a fixed α, as FedTorch's non-adaptive mode
   takes it, and on FedPAC's split this form starts lower but climbs faster, passing the paper's
   form by round 25 (85.17 against 84.78 at round 30; the paper's form reached 87.28 by round 160,
   2.2 under the published 89.45): docs/reproduction.md, "The last deviations, measured".

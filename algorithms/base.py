@@ -31,7 +31,7 @@ several methods share
 
 Randomness is part of the contract: a method never draws from a global or device generator during
 a round. Modules it adds to the backbone (GPFL's valve, FedCP's policy network) are drawn on the
-CPU when it is built, right after the backbone and under the run's seed (tuner/run.py
+CPU when it is built, right after the backbone and under the run's seed (tuner/federated_run.py
 `build_method`), then moved; what it draws later draws on the CPU from `Training.seed` itself
 (pFedHN's hypernetwork in `init_server`, `Net.fresh`). Noise during training or prediction (FedCP's
 Gumbel policy) is keyed: a method with `draws = True` finds a 0-dim key under `state[DRAW_KEY]` in

@@ -48,7 +48,7 @@ class FedCross(Method):
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
-        # the largest cohort (tuner.draws.sample_cohort)
+        # the largest cohort (tuner.engine.draws.sample_cohort)
         self.models = min(training.clients, max(1, round(training.participation_max * training.clients)))
         if self.models < 2:
             raise Unsupported(

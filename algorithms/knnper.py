@@ -23,7 +23,7 @@ From the original code (omarfoq/knn-per):
 - `mix = "logits"` is what the original scripts run: `--interpolate_logits` has
   default="store_true", a true string, so the model's logits (not its probabilities) are mixed
   with the kNN probabilities. The paper's eq. 4 mixes probabilities, the default here;
-  `knn-per-logits` is the scripts' form, and FedPAC's Table 1 row runs it (tuner/papers.py RELABELLED).
+  `knn-per-logits` is the scripts' form, and FedPAC's Table 1 row runs it (tuner/settings/papers.py RELABELLED).
 """
 
 from dataclasses import dataclass

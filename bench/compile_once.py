@@ -53,8 +53,8 @@ def trial_seconds(rounds: int = 4, **settings) -> dict:
     """One compiled trial in this process: compile seconds, steady s/round, programs it added."""
     from torch._dynamo.utils import counters
 
-    from tuner.config import RunConfig
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
+    from tuner.settings.config import RunConfig
 
     sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": rounds, **settings}))
     before = counters["stats"]["unique_graphs"]
@@ -119,10 +119,10 @@ def stage_trials() -> dict:
 
 def stage_host(rounds: int = 5) -> dict:
     """Time inside the compiled calls against the training loop's whole time, per cohort step."""
-    import tuner.executors as ex
-    import tuner.steps as steps
-    from tuner.config import RunConfig
-    from tuner.run import build_simulation
+    import tuner.engine.executors as ex
+    import tuner.engine.steps as steps
+    from tuner.federated_run import build_simulation
+    from tuner.settings.config import RunConfig
 
     sim = build_simulation(RunConfig(**{**SMALL, "engine": "compiled", "rounds": rounds + 1, **TRIALS[0]}))
     sim.step()  # compiles

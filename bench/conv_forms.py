@@ -21,7 +21,7 @@ from torch.func import functional_call, grad_and_value, vmap
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
-from tuner.compile import INDUCTOR_CONFIGS, compile_program  # noqa: E402
+from tuner.engine.compile import INDUCTOR_CONFIGS, compile_program  # noqa: E402
 from tuner.models import CONV_FORMS, build_backbone, with_conv_form  # noqa: E402
 
 

@@ -45,11 +45,11 @@ from torch.func import grad_and_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkout, with or without PYTHONPATH=.
 
-import tuner.compile  # noqa: E402
+import tuner.engine.compile  # noqa: E402
 from bench import provenance  # noqa: E402
-from tuner.compile import INDUCTOR_CONFIGS  # noqa: E402
-from tuner.config import RunConfig  # noqa: E402
-from tuner.run import build_simulation  # noqa: E402
+from tuner.engine.compile import INDUCTOR_CONFIGS  # noqa: E402
+from tuner.federated_run import build_simulation  # noqa: E402
+from tuner.settings.config import RunConfig  # noqa: E402
 
 TABLE1 = {  # method: its Table 1 Fashion-MNIST setting
     "fedavg": dict(partition="dir:0.1"),
@@ -98,7 +98,7 @@ def _sgd_program(sim):
 
     # the configuration every method compiles under
     # looked up at the call, as the engine does: a test that makes compiling fail reaches it here too
-    program = tuner.compile.compile_program(step, sim.data.train.y.device, INDUCTOR_CONFIGS[-1][1])
+    program = tuner.engine.compile.compile_program(step, sim.data.train.y.device, INDUCTOR_CONFIGS[-1][1])
     # A CUDA graph's outputs live in its memory pool and the next replay overwrites them: the next step's
     # parameters are copied out first (one small copy a step, counted in the figure).
     return lambda params, x, y: {k: v.clone() for k, v in program(params, x, y).items()}

@@ -63,8 +63,8 @@ from bench.campaign.speed import SPEED_METHODS, profile, speed  # noqa: E402
 from bench.campaign.summary import summary_markdown  # noqa: E402
 from bench.engine_speed import what_ran  # noqa: E402
 from bench.provenance import commit  # noqa: E402
-from tuner.config import RunConfig  # noqa: E402
-from tuner.run import build_simulation, device_name  # noqa: E402
+from tuner.federated_run import build_simulation, device_name  # noqa: E402
+from tuner.settings.config import RunConfig  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}
 STAGES = list(SHARES)
@@ -87,7 +87,7 @@ PACKAGES = [
     "optuna",
 ]
 SMOKE_METHODS = ["fedavg", "gpfl", "fedcp", "fedpac"]  # one per family of the papers' methods
-CHECK_BACKBONES = ("cnn4", "mlp")  # a backbone is another program: tuner/compile.py CUDA_CHECKED keys by it
+CHECK_BACKBONES = ("cnn4", "mlp")  # a backbone is another program: tuner/engine/compile.py CUDA_CHECKED keys by it
 EXACT = dict(rtol=1e-9, atol=1e-9)  # the suite's executor-equality tolerance (tests/test_engine.py)
 
 

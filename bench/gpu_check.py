@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 from algorithms import METHODS  # noqa: E402
 from bench.campaign.speed import profile, speed  # noqa: E402
 from bench.gpu_campaign import Campaign, _check, _verdict, arguments, check_backbone, executors_equal  # noqa: E402
-from tuner.compile import CUDA_CHECKED  # noqa: E402
+from tuner.engine.compile import CUDA_CHECKED  # noqa: E402
 
 # Each stage's share of --budget-min (default 12). The default stages are those measured on a GPU, and their shares
 # cover what they took on an H200 with a tenth to spare (a test holds it, from the committed files): the ten
@@ -143,7 +143,10 @@ def correctness(campaign: Campaign, deadline: float) -> dict:
                 checks[name] = result.get(timeout=max(0.0, deadline - time.monotonic()))
             except multiprocessing.TimeoutError:
                 checks[name] = {"status": "skipped"}
-            checks[name] |= {"method": cases[name][2], "backbone": cases[name][3]}  # tuner/compile.py CUDA_CHECKED
+            checks[name] |= {
+                "method": cases[name][2],
+                "backbone": cases[name][3],
+            }  # tuner/engine/compile.py CUDA_CHECKED
             campaign.progress({"checks": checks, **_verdict(checks)})
         pool.terminate()
     return {"checks": checks, **_verdict(checks)}

@@ -17,8 +17,8 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from tuner.config import parse_set, resolve_layers
-from tuner.run import build_simulation
+from tuner.federated_run import build_simulation
+from tuner.settings.config import parse_set, resolve_layers
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkou
 
 from algorithms import METHODS  # noqa: E402
 from bench import provenance  # noqa: E402
-from tuner.config import RunConfig, resolve_layers  # noqa: E402
-from tuner.run import build_data, build_simulation  # noqa: E402
+from tuner.federated_run import build_data, build_simulation  # noqa: E402
+from tuner.settings.config import RunConfig, resolve_layers  # noqa: E402
 
 
 def seconds_per_round(cfg: RunConfig, data, sync) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
-from tuner.tuned import checkout_commit as commit  # noqa: E402
+from tuner.settings.tuned_files import checkout_commit as commit  # noqa: E402
 
 
 def machine() -> str:

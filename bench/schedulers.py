@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a source checkout, with or without PYTHONPATH=.
 
 from bench import provenance  # noqa: E402
-from tuner.report.runs import lineage_rows, trial_rows  # noqa: E402
 from tuner.sweep.schedulers import SCHEDULERS  # noqa: E402
+from tuner.sweep.trial_files import lineage_rows, trial_rows  # noqa: E402
 
 SEARCH = {  # each method's float settings, the ranges of its shipped space
     "fedavg": {"lr": {"loguniform": [0.001, 0.2]}},

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a source checkou
 from bench import provenance  # noqa: E402
 from bench.compile_once import SMALL  # noqa: E402
 from bench.engine_speed import NotCompiled, synchronizer, table1  # noqa: E402
-from tuner.compile import use_cache  # noqa: E402
-from tuner.config import RunConfig  # noqa: E402
-from tuner.run import build_simulation  # noqa: E402
+from tuner.engine.compile import use_cache  # noqa: E402
+from tuner.federated_run import build_simulation  # noqa: E402
+from tuner.settings.config import RunConfig  # noqa: E402
 
 SETTINGS = {
     "digits": lambda device, **kw: RunConfig(**{**SMALL, "rounds": 10**6, "device": device, **kw}),
@@ -51,7 +51,7 @@ class Clock:
     the rounds run inside `with clock:`."""
 
     def __init__(self, sim):
-        import tuner.executors as executors
+        import tuner.engine.executors as executors
 
         self.loop = self.call = 0.0
         self.steps = 0

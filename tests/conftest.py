@@ -69,7 +69,7 @@ def compiling_fails(monkeypatch):
     (on a GPU, a scheduler assertion): a run goes on eager, and a check of the compiled path must then fail."""
     import torch._dynamo.exc
 
-    import tuner.compile
+    import tuner.engine.compile
 
     def failing(fn, device, config):
         def program(*args):
@@ -79,7 +79,7 @@ def compiling_fails(monkeypatch):
 
         return program
 
-    monkeypatch.setattr(tuner.compile, "compile_program", failing)
+    monkeypatch.setattr(tuner.engine.compile, "compile_program", failing)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from functools import cache
 import torch
 from torch import nn
 
-from tuner.config import RunConfig
+from tuner.federated_run import build_simulation
 from tuner.models import Backbone
-from tuner.run import build_simulation
+from tuner.settings.config import RunConfig
 
 
 def tiny_batchnorm(input_shape, num_classes):

@@ -46,7 +46,7 @@ def checkpointed_states(trial_dir: Path) -> list[list[dict]]:
     checkpoint first; one a kill cut mid-copy is left out. Ray Tune's result.json cannot count the rounds a trial
     trained across a kill: restarting a trial, Tune copies the storage's copy over the one it writes, and rows
     reported since the last copy are gone (`_restore_from_remote`, ray/tune/logger/logger.py)."""
-    from tuner.schedule import ROUNDS_FILE, read_rounds
+    from tuner.settings.schedule import ROUNDS_FILE, read_rounds
 
     states = []
     for rounds in sorted(trial_dir.glob(f"checkpoint_*/{ROUNDS_FILE}")):
@@ -83,7 +83,7 @@ def fresh_accuracies(base: dict, params: dict) -> list[float]:
     """A trial's per-round accuracies, run here in this process on one thread as its worker runs it."""
     import torch
 
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
     from tuner.sweep.trials import trial_config
 
     threads = torch.get_num_threads()

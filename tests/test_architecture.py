@@ -29,7 +29,7 @@ def imports(path: Path, known: set[str]) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             submodules = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
-            # `from tuner import papers` depends on tuner.papers, not on tuner's __init__
+            # `from tuner.settings import papers` depends on tuner.settings.papers, not on tuner's __init__
             names = submodules or [node.module]
         out |= {n for n in names if n in known}
     return out

@@ -6,8 +6,8 @@ import torch
 from simulations import client, digits, reference_run, sim_for
 
 from algorithms import METHODS
-from tuner.config import RunConfig
-from tuner.run import build_simulation
+from tuner.federated_run import build_simulation
+from tuner.settings.config import RunConfig
 
 
 def test_fedfomo_weighs_candidates_on_held_out_data_against_the_model_it_began_training_from():

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.config import RunConfig
+from tuner.settings.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 # as campaign.json holds them: the check's, then the campaign's

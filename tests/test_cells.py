@@ -33,8 +33,9 @@ from written_data import (
 )
 
 from algorithms import METHODS
-from tuner import papers, reproduce
-from tuner.run import build_data, build_method, build_simulation, check_batches
+from tuner.experiments import reproduce
+from tuner.federated_run import build_data, build_method, build_simulation, check_batches
+from tuner.settings import papers
 from tuner.sweep.trials import trial_config
 
 CPU = torch.device("cpu")

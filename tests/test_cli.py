@@ -70,7 +70,7 @@ def test_help_explains_every_option():
 
 
 def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
-    from tuner.executor_kinds import VectorizedExecutor
+    from tuner.engine.executor_kinds import VectorizedExecutor
 
     train, calls = VectorizedExecutor.train, []
 

@@ -20,8 +20,8 @@ from simulations import assert_equal_states, exact_config, reference_run, run_ro
 from torch._dynamo.utils import counters
 from torch._inductor.virtualized import V
 
-import tuner.compile
-from tuner.compile import INDUCTOR_CONFIGS
+import tuner.engine.compile
+from tuner.engine.compile import INDUCTOR_CONFIGS
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_
     every tensor a step writes (parameters, momentum, statistics) marked, the same object a size, step after
     step and round after round."""
     handed: dict[int, list] = {}
-    call = tuner.compile.Program.__call__
+    call = tuner.engine.compile.Program.__call__
 
     def recording(self, params, opt_state, rest, *args):
         if self.name.endswith("steps"):
@@ -88,7 +88,7 @@ def test_compiled_steps_keep_batchnorm_statistics_per_client_in_the_same_static_
             handed.setdefault(args[-1].shape[-1], []).append(written)  # live: (steps, rows)
         return call(self, params, opt_state, rest, *args)
 
-    monkeypatch.setattr(tuner.compile.Program, "__call__", recording)
+    monkeypatch.setattr(tuner.engine.compile.Program, "__call__", recording)
     cfg = dict(backbone="tiny_batchnorm", join_ratio="1", batch_size=30, momentum=0.5)
     eager, _ = run_rounds(exact_config("fedper", executor="sequential", **cfg), 2)
     compiled, _, _ = compiled_run(exact_config("fedper", executor="vectorized", engine="compiled", **cfg), 2)
@@ -225,8 +225,8 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_with_loop_ordering)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # compile for real: no program from the caches
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    monkeypatch.setattr(tuner.compile, "NEEDED", {})
-    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "SHAPES_NEEDED", {})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # where the configuration is kept for new processes
     torch._dynamo.reset()
     cfg = dict(partition="iid", clients=2, join_ratio="1", val_frac=0.0)
@@ -247,20 +247,20 @@ def test_a_failing_compile_is_tried_again_with_loop_ordering_after_fusion_off(mo
     assert second.executor.ran.retries == 0
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
     # So does a new process (a sweep's next worker): the configuration is kept beside the compile cache, for this torch.
-    kept = json.loads((tmp_path / tuner.compile.NEEDED_FILE).read_text())
+    kept = json.loads((tmp_path / tuner.engine.compile.NEEDED_FILE).read_text())
     # the steps' program, and the evaluation's, compiled under the run's configuration after the retry
     assert kept == {f"FedAvg's {what} | cpu | torch {torch.__version__}": 1 for what in ("steps", "logits")}
-    monkeypatch.setattr(tuner.compile, "NEEDED", {})
-    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "SHAPES_NEEDED", {})
     torch._dynamo.reset()
     third, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", lr=0.03, **cfg), 1)
     assert_compiled_ran(third, rows, config=1)
     assert third.executor.ran.retries == 0
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Compiling")]
     # another torch's Inductor may fail otherwise: its configurations are not taken
-    monkeypatch.setattr(tuner.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "NEEDED", {})
     monkeypatch.setattr(torch, "__version__", "2.99.0")
-    assert tuner.compile.needed_before("FedAvg's steps", "cpu") == 0
+    assert tuner.engine.compile.needed_before("FedAvg's steps", "cpu") == 0
 
 
 def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch, tmp_path):
@@ -278,8 +278,8 @@ def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch, tmp_path):
     monkeypatch.setattr(torch._inductor.scheduler.Scheduler, "fuse_nodes", failing_after_the_first_program)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    monkeypatch.setattr(tuner.compile, "NEEDED", {})
-    monkeypatch.setattr(tuner.compile, "SHAPES_NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "NEEDED", {})
+    monkeypatch.setattr(tuner.engine.compile, "SHAPES_NEEDED", {})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no configuration kept by an earlier process
     torch._dynamo.reset()
     # uneven clients: the cohort's rows shrink within a round
@@ -287,7 +287,7 @@ def test_a_retry_keeps_the_programs_compiled_before_it(monkeypatch, tmp_path):
     sim, rows = run_rounds(exact_config("fedavg", executor="vectorized", engine="compiled", **cfg), 1)
     assert sim.executor.ran.retries == 1
     # the first shape compiled under the default, before the retry
-    assert 0 in tuner.compile.SHAPES_NEEDED["FedAvg's steps", "cpu"].values()
+    assert 0 in tuner.engine.compile.SHAPES_NEEDED["FedAvg's steps", "cpu"].values()
     programs = sim.executor.ran.programs
     rows.append(sim.step())
     assert sim.executor.ran.programs == programs  # none again

@@ -133,7 +133,7 @@ def test_digits_are_bundled_and_read_as_scikit_learn_loads_them():
 def test_loading_digits_does_not_import_scikit_learn():
     """Each Ray trial is a fresh process: scikit-learn (with SciPy's statistics) costs it a second or two."""
     code = (
-        "import sys; import tuner.run; from tuner.data.datasets import load_dataset; load_dataset('digits'); "
+        "import sys; import tuner.federated_run; from tuner.data.datasets import load_dataset; load_dataset('digits'); "
         "print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

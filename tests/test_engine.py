@@ -15,13 +15,13 @@ from simulations import EXACT, assert_equal_states, exact_config, reference_run,
 from torch import nn
 
 from algorithms import METHODS
-from tuner.compile import CUDA_COMPILE_ROUNDS
-from tuner.config import RunConfig, auto_executor
 from tuner.data.datasets import DEBIAN_FMNIST
-from tuner.draws import batch_schedule, sample_cohort
+from tuner.engine.compile import CUDA_COMPILE_ROUNDS
+from tuner.engine.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
+from tuner.federated_run import build_simulation
 from tuner.models import BACKBONES, Backbone
-from tuner.run import build_simulation
+from tuner.settings.config import RunConfig, auto_executor
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -277,7 +277,7 @@ def test_executor_auto_is_vectorized_on_a_gpu_and_for_small_batches_and_sequenti
 
 
 def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only_what_was_checked_there():
-    from tuner.compile import CPU_COMPILE_ROUNDS, CUDA_CHECKED, auto_engine, engine_for
+    from tuner.engine.compile import CPU_COMPILE_ROUNDS, CUDA_CHECKED, auto_engine, engine_for
 
     # checked on CUDA on the MLP, its break-even not measured there: the largest measured one
     largest = max(CUDA_COMPILE_ROUNDS.values())
@@ -288,7 +288,7 @@ def test_engine_auto_compiles_for_runs_long_enough_to_repay_it_and_on_a_gpu_only
     # once checked it compiles from its own break-even
     assert ("gpfl", "cnn4") not in CUDA_CHECKED and auto_engine("cuda", 2000, "cnn4", "gpfl") == "eager"
     assert {auto_engine("cuda", 2000, "resnet18", m) for m in ("gpfl", "fedavg")} == {"eager"}
-    with patch("tuner.compile.CUDA_CHECKED", CUDA_CHECKED | {("gpfl", "cnn4")}):
+    with patch("tuner.engine.compile.CUDA_CHECKED", CUDA_CHECKED | {("gpfl", "cnn4")}):
         gpfl = CUDA_COMPILE_ROUNDS["gpfl", "cnn4"]
         assert auto_engine("cuda", gpfl, "cnn4", "gpfl") == "compiled" != auto_engine("cuda", gpfl - 1, "cnn4", "gpfl")
     # failed on CUDA (pFedMe, FedDyn), or never checked there (FedBABU)
@@ -349,7 +349,7 @@ def test_the_rounds_from_which_auto_compiles_on_cuda_are_the_committed_gpu_figur
 def test_the_rounds_from_which_auto_compiles_on_a_cpu_are_the_committed_bench_figures():
     """GPFL's first round from an empty compile cache over what a compiled round saves, a backbone each: the MLP in
     the small setting (digits), cnn4 in Table 1's; every timed round compiled nothing."""
-    from tuner.compile import CPU_COMPILE_ROUNDS
+    from tuner.engine.compile import CPU_COMPILE_ROUNDS
 
     repaid, figures = {}, {}
     for backbone in ("mlp", "cnn4"):
@@ -371,7 +371,7 @@ def test_the_rounds_from_which_auto_compiles_on_a_cpu_are_the_committed_bench_fi
 
 
 def test_the_pages_state_autos_rule_and_the_gpu_sharing_figures_as_the_code_and_the_committed_campaign():
-    from tuner.compile import CPU_COMPILE_ROUNDS, CUDA_CHECKED
+    from tuner.engine.compile import CPU_COMPILE_ROUNDS, CUDA_CHECKED
     from tuner.sweep.cluster import TRIALS_PER_GPU
 
     flat = lambda page: " ".join((ROOT / page).read_text().split())  # noqa: E731
@@ -406,8 +406,8 @@ def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_w
     `engine` column and config.yaml (what a resume runs) saying what ran."""
     from torch._dynamo.exc import TorchDynamoException
 
-    import tuner.compile
-    from tuner.run import run
+    import tuner.engine.compile
+    from tuner.federated_run import run
 
     attempts = []
 
@@ -418,7 +418,7 @@ def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_w
 
         return fails
 
-    monkeypatch.setattr(tuner.compile, "compile_program", no_compiler)
+    monkeypatch.setattr(tuner.engine.compile, "compile_program", no_compiler)
     cfg = digits(method, dtype="float64", executor="vectorized", rounds=2)
     sim = run(replace(cfg, engine="compiled").resolved(), tmp_path / "run")
     reference, reference_rows = run_rounds(replace(cfg, engine="eager"), 2)
@@ -436,7 +436,7 @@ def test_a_program_that_cannot_be_compiled_leaves_the_run_to_eager_and_says_so_w
         f"Compiling {name}'s programs failed (TorchDynamoException: no working C++ compiler); the run goes on "
         "with engine=eager.",
     ]
-    assert len(attempts) == len(tuner.compile.INDUCTOR_CONFIGS)  # once each, never again
+    assert len(attempts) == len(tuner.engine.compile.INDUCTOR_CONFIGS)  # once each, never again
 
 
 def test_deterministic_algorithms_follow_each_runs_setting():
@@ -499,7 +499,7 @@ def test_hooks_receive_the_round_with_each_clients_samples_and_steps(monkeypatch
 
 
 def test_the_sequential_executor_names_the_hook_round_and_client_of_a_failure(monkeypatch):
-    from tuner.executors import MethodFailed
+    from tuner.engine.executors import MethodFailed
 
     sim = build_simulation(digits("fedavg", executor="sequential", join_ratio="1"))
 

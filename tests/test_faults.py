@@ -60,7 +60,7 @@ def test_a_report_skips_a_damaged_file_says_which_and_reports_the_rest(two_runs,
 
 
 def test_a_sweep_trial_whose_last_line_was_cut_keeps_its_rows(tmp_path):
-    from tuner.report.runs import trial_rows as _trial_rows
+    from tuner.sweep.trial_files import trial_rows as _trial_rows
 
     result = tmp_path / "result.json"
     result.write_text('{"round": 1, "acc": 0.5}\n{"round": 2, "acc": 0.6}\n{"round": 3, "ac')
@@ -236,7 +236,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
     import torch
     from simulations import digits
 
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
     from tuner.sweep.trainable import CHECKPOINT_FILE, restore
 
     sim = build_simulation(digits("fedavg", rounds=3))
@@ -300,7 +300,7 @@ def test_a_folder_that_cannot_be_written_is_one_sentence_before_any_work(tmp_pat
 def test_a_disk_that_fills_mid_run_is_one_sentence_and_keeps_the_rows(tmp_path, monkeypatch):
     import errno
 
-    from tuner import run as run_module
+    from tuner import federated_run as run_module
 
     res = invoke("run", "fedavg", *DIGITS, "--out", tmp_path, "--set", "checkpoint_every=1")
     assert res.exit_code == 0, res.output
@@ -323,7 +323,7 @@ def test_out_of_memory_with_one_client_at_a_time_fails_the_run_in_one_sentence()
     from simulations import digits
 
     from tuner.errors import OutOfMemory
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
 
     executor = build_simulation(digits("fedavg", clients=4)).executor
     tried = []

@@ -1,11 +1,11 @@
 """What the committed GPU runs under results/gpu say, read back: the figures the pages quote, and the tables of the
-compile policy (tuner/compile.py) that rest on them. The campaign's code itself: tests/test_campaign.py."""
+compile policy (tuner/engine/compile.py) that rest on them. The campaign's code itself: tests/test_campaign.py."""
 
 import json
 import re
 from pathlib import Path
 
-from tuner.compile import INDUCTOR_CONFIGS
+from tuner.engine.compile import INDUCTOR_CONFIGS
 
 INDUCTOR_DEFAULT = INDUCTOR_CONFIGS[0][0]
 
@@ -63,7 +63,7 @@ def test_the_performance_page_quotes_the_h200_compile_diagnostics_as_committed()
     )
     assert figures["recompiles"] == 0 and figures["compile retries"] == 1 and figures["second trial programs"] == 2
     log = (folder / "fedavg-speed.log").read_text()
-    # each recompile of tuner/steps.py's step (frame 0), once, with the size that caused it
+    # each recompile of tuner/engine/steps.py's step (frame 0), once, with the size that caused it
     sizes = list(
         dict(
             re.findall(
@@ -185,10 +185,10 @@ def test_the_performance_page_quotes_the_h100_check_as_committed():
 
 
 def test_the_methods_auto_compiles_on_cuda_are_those_the_committed_checks_passed():
-    """`auto`'s CUDA table (tuner/compile.py CUDA_CHECKED) is what the GPU checks under results/gpu measured, a
+    """`auto`'s CUDA table (tuner/engine/compile.py CUDA_CHECKED) is what the GPU checks under results/gpu measured, a
     (method, backbone) pair each: every pair whose compiled check passed (all compiled, every step a CUDA graph),
     none whose compiled check failed; a family that failed is named with its reason (CUDA_FAILS)."""
-    from tuner.compile import CUDA_CHECKED, CUDA_FAILS
+    from tuner.engine.compile import CUDA_CHECKED, CUDA_FAILS
 
     passed, failed = set(), set()
     for path in (ROOT / "results/gpu").glob("check-*/**/campaign*.json"):
@@ -251,7 +251,7 @@ def test_the_performance_page_quotes_the_h200_check_at_7a0cf86_as_committed():
         f"round, FedAvg {f['fedavg']['compiled s/round']:.3f}, FedCP {f['fedcp']['compiled s/round']:.3f} and "
         f"FedPAC {f['fedpac']['compiled s/round']:.3f}"
     ) in readme
-    from tuner.compile import CUDA_CHECKED
+    from tuner.engine.compile import CUDA_CHECKED
 
     on_mlp = [m for m, backbone in CUDA_CHECKED if backbone == "mlp"]
     assert f"{len(on_mlp)} methods are checked to compile on CUDA equal to the CPU reference on the MLP" in readme

@@ -11,7 +11,7 @@ from simulations import client, sim_for
 from algorithms import METHODS
 from algorithms.fedpac import SimplexQPs
 from algorithms.optimizers import SGD
-from tuner.config import RunConfig
+from tuner.settings.config import RunConfig
 
 # ------------------------------------------------------------------ GPFL
 

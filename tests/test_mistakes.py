@@ -430,7 +430,7 @@ def test_a_failed_read_or_write_names_its_cause():
     """A missing folder is not a full disk (a report once blamed disk space for a file name it had made wrong)."""
     import errno
 
-    from tuner.cli import io_advice
+    from tuner.cli.common import io_advice
 
     assert io_advice(OSError(errno.ENOSPC, "No space left on device", "f")) == "free space or choose another folder"
     assert "does not exist" in io_advice(FileNotFoundError(errno.ENOENT, "No such file or directory", "f"))

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from tuner.defaults import paper_defaults
 from tuner.errors import UserError
 from tuner.models import BACKBONES, CONV_FORMS, build_backbone, with_conv_form
+from tuner.settings.defaults import paper_defaults
 
 SHAPES = {
     "cnn4": [((1, 28, 28), 1024), ((3, 32, 32), 1600), ((3, 64, 64), 10816)],  # REFERENCE.md's flatten sizes
@@ -67,8 +67,8 @@ def test_each_conv_form_gives_the_grouped_forms_losses_and_gradients_under_vmap(
 
 
 def test_a_run_computes_its_convolutions_in_the_form_it_names():
-    from tuner.config import RunConfig
-    from tuner.run import build_method
+    from tuner.federated_run import build_method
+    from tuner.settings.config import RunConfig
 
     cfg = RunConfig(method="fedavg", dataset="digits", backbone="mlp", conv_form="unfold").resolved()
     images = SimpleNamespace(

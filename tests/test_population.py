@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.errors import UserError
+from tuner.federated_run import build_simulation, run
 from tuner.report.intervals import difference
-from tuner.run import build_simulation, run
-from tuner.schedule import ROUNDS_FILE, load_schedule, read_rounds
-from tuner.space import load_space
+from tuner.settings.schedule import ROUNDS_FILE, load_schedule, read_rounds
+from tuner.sweep.space import load_space
 from tuner.sweep.trials import trial_config
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -216,7 +216,7 @@ def test_tuner_run_replays_a_schedule_file_for_its_rounds_and_refuses_a_wrong_on
 def test_a_perturbation_compiles_nothing():
     """The recipient's programs are the donor's: its new numbers (the learning rate, FedProx's μ: the method's
     float hyperparameters are inputs alike, tests/test_engine.py) are inputs of the same programs."""
-    from tuner.run import rebuilt
+    from tuner.federated_run import rebuilt
 
     cfg = exact_config(
         "fedprox", executor="vectorized", engine="compiled", join_ratio="1", rounds=3, hparams={"mu": 0.1}

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from tuner.config import RunConfig, apply_settings
 from tuner.data.augment import PAD, crop_flip
 from tuner.data.dataset import decode
 from tuner.data.datasets import load_dataset
-from tuner.run import build_data, build_simulation, partition_spec
+from tuner.federated_run import build_data, build_simulation, partition_spec
+from tuner.settings.config import RunConfig, apply_settings
 from tuner.sweep.trials import trial_config
 
 CPU = torch.device("cpu")
@@ -100,8 +100,8 @@ def test_one_table_of_paper_defaults(method, settings, expected):
 
 
 def test_the_search_space_default_point_and_reproduce_use_the_table(tmp_path):
-    from tuner.reproduce import cells
-    from tuner.space import load_space
+    from tuner.experiments.reproduce import cells
+    from tuner.sweep.space import load_space
 
     space = tmp_path / "s.yaml"
     space.write_text(
@@ -170,8 +170,9 @@ def test_dataset_normalization_standardizes_each_channel():
 
 @pytest.mark.slow
 def test_every_cell_of_every_table_resolves_under_its_protocol_and_fmnist_cells_build(monkeypatch):
-    from tuner import papers, reproduce
     from tuner.data.datasets import DEBIAN_FMNIST
+    from tuner.experiments import reproduce
+    from tuner.settings import papers
 
     monkeypatch.setattr(reproduce, "_available", lambda dataset, data_dir: True)  # every cell, whatever data is here
     built = {}

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.config import RunConfig, apply_settings
+from tuner.settings.config import RunConfig, apply_settings
 
 PAT = {"dataset": "fmnist", "partition": "pat:2", "clients": 20, "backbone": "cnn4", "rounds": 3}
 
@@ -161,7 +161,7 @@ def test_best_configuration_stands_in_when_there_are_no_seed_reruns(results, tmp
 def test_a_round_lost_from_result_json_comes_back_from_the_trials_checkpoint(tmp_path):
     """Ray Tune restarting a trial whose worker was killed copies the storage's result.json, a snapshot behind,
     over its own: the soak test saw a trial's file hold rounds 1 and 3. Its checkpoint's rounds file holds round 2."""
-    from tuner.schedule import ROUNDS_FILE, write_rounds
+    from tuner.settings.schedule import ROUNDS_FILE, write_rounds
 
     experiment = tmp_path / "sweep" / "search"
     reported = rows([0.5, 0.6, 0.7])
@@ -348,7 +348,7 @@ def test_baselines_no_paper_ran_sit_beside_a_main_table_and_the_replication_name
 
 
 def test_a_table_row_stands_for_the_form_that_produced_it_and_the_default_form_sits_beside_it(tmp_path):
-    from tuner.reproduce import cells
+    from tuner.experiments.reproduce import cells
 
     root = tmp_path / "results"
     write_run(root / "php-pfllib", "fedphp-pfllib", [0.7, 0.8, 0.9])  # PFLlib's form: what GPFL's FedPHP row ran

@@ -10,9 +10,9 @@ import pytest
 def test_the_reproduction_pages_table_is_what_the_report_prints_of_the_committed_runs():
     from pathlib import Path
 
-    from tuner.papers import load_tables
     from tuner.report.runs import find_runs, summarize
     from tuner.report.tables import paper_cell, paper_tables
+    from tuner.settings.papers import load_tables
 
     root = Path(__file__).resolve().parents[1]
     runs, _ = find_runs([root / "results" / "reproduction"])
@@ -96,9 +96,9 @@ def committed_paper_tables(folder: str) -> pd.DataFrame:
     """The papers' tables `tuner report` makes of the committed runs under results/FOLDER."""
     from pathlib import Path
 
-    from tuner.papers import load_tables
     from tuner.report.runs import find_runs, summarize
     from tuner.report.tables import paper_cell, paper_tables
+    from tuner.settings.papers import load_tables
 
     runs, unreadable = find_runs([Path(__file__).resolve().parents[1] / "results" / folder])
     assert not unreadable

@@ -13,7 +13,7 @@ from torch.func import grad
 def test_feddbe_carries_the_running_mean_of_features_from_step_to_step(executor):
     # lr 1e-200: the model stays where it is (float64 cannot hold such a step), so each step's batch mean is known from
     # the batch schedule
-    from tuner.draws import batch_schedule
+    from tuner.engine.draws import batch_schedule
 
     sim = sim_for("feddbe", 0, join_ratio="1", dtype="float64", lr=1e-200, executor=executor, hparams={"rho": 0.3})
     m, rho = sim.method, 0.3
@@ -244,7 +244,7 @@ def test_fedcross_trains_middleware_models_and_mixes_each_with_its_least_similar
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_it_receives(executor):
-    from tuner.draws import RECEIVE_STREAM, batch_schedule
+    from tuner.engine.draws import RECEIVE_STREAM, batch_schedule
 
     sim = sim_for("fedala", 1, join_ratio="1", dtype="float64", executor=executor, hparams={"eta": 20.0})
     m, higher = sim.method, sim.method.higher
@@ -279,7 +279,7 @@ def test_fedala_learns_clipped_element_wise_weights_on_a_share_of_the_data_when_
 def test_fedala_writes_the_blend_into_every_clients_model_whether_it_trains_or_not():
     """PFLlib's server adapts every client on sending (serverala.py `send_models`), so a client outside the
     cohort keeps the blend as its own model and blends the next global model into that."""
-    from tuner.draws import sample_cohort
+    from tuner.engine.draws import sample_cohort
 
     sim = sim_for("fedala", 1, join_ratio="0.5", dtype="float64")
     higher = sim.method.higher
@@ -479,7 +479,7 @@ def test_fedas_aligns_the_received_body_to_its_prototypes_and_weighs_uploads_by_
 def test_fedalas_weight_learning_leaves_the_clients_batchnorm_statistics_as_they_were(executor):
     """PFLlib learns W on a copy of the local model that it discards (ALA.py `model_t`): the pass trains W in
     train mode, batch statistics and all, and the client's running statistics stay the client's."""
-    from tuner.draws import RECEIVE_STREAM
+    from tuner.engine.draws import RECEIVE_STREAM
 
     sim = sim_for("fedala", 1, join_ratio="1", dtype="float64", executor=executor, backbone="tiny_batchnorm")
     at = sim.at(2, list(range(6)))

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.errors import UserError
-from tuner.space import load_space
+from tuner.sweep.space import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
@@ -137,7 +137,7 @@ def test_every_method_has_a_shipped_space():
 
 
 def test_a_space_names_a_shared_setting_and_overrides_it(tmp_path):
-    from tuner.papers import SETTINGS
+    from tuner.settings.papers import SETTINGS
 
     p = write(tmp_path, "setting: fedpac-fmnist-pac20\nsettings: {rounds: 30}\nsearch:\n  lr: {grid: [0.1, 1]}\n")
     cfg = load_space(p, "fedavg").base_config()

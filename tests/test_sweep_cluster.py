@@ -23,7 +23,7 @@ PLACEMENT = textwrap.dedent("""
     from pathlib import Path
     import ray
     from ray.cluster_utils import Cluster
-    from tuner.space import load_space
+    from tuner.sweep.space import load_space
     from tuner.sweep.cluster import Resources
     from tuner.sweep.stages import sweep
     from tuner.cli import app
@@ -223,7 +223,7 @@ def test_a_trial_takes_the_measured_share_of_a_gpu_by_default_and_what_it_asks_f
 
 
 def test_a_sweep_on_auto_weighs_compiling_against_the_rounds_a_worker_runs():
-    from tuner.compile import CPU_COMPILE_ROUNDS, auto_engine
+    from tuner.engine.compile import CPU_COMPILE_ROUNDS, auto_engine
     from tuner.sweep.cluster import worker_rounds
 
     cpu, two_cores = {"cpu": 1, "gpu": 0}, {"CPU": 2}
@@ -243,6 +243,6 @@ def test_a_trial_worker_starts_without_importing_torch():
     """Tune starts a worker for each pending trial, and one that a reused worker's trial overtakes is stopped at the
     end of the stage, which Tune waits on (up to 5 s) while the worker still loads the trainable: its module leaves
     torch and the engine to the trial."""
-    code = "import sys, tuner.sweep.trainable; print(sorted({'torch', 'tuner.config'} & set(sys.modules)))"
+    code = "import sys, tuner.sweep.trainable; print(sorted({'torch', 'tuner.settings.config'} & set(sys.modules)))"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr

@@ -12,14 +12,14 @@ from sweeps import TINY, trials, tuned_lr
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.config import resolve_layers
 from tuner.report.intervals import difference
 from tuner.selection import SCORE
+from tuner.settings.config import resolve_layers
 
 
 def test_reproduce_lists_the_cells_the_local_data_allows():
     from tuner.errors import UserError
-    from tuner.reproduce import cells
+    from tuner.experiments.reproduce import cells
 
     todo, skipped = cells("fedpac-table2")
     assert sorted(c["method"] for c in todo) == ["fedpac", "fedpac-cc", "fedpac-fa", "fedpac-none"]
@@ -194,7 +194,7 @@ def test_population_training_on_ray_exploits_and_the_replay_it_prints_reruns_its
     none happened fails it. The command the report prints for the best trial, run as printed,
     retrains its curve exactly (float64)."""
     from tuner.report.best import perturbed
-    from tuner.schedule import ROUNDS_FILE, read_rounds
+    from tuner.settings.schedule import ROUNDS_FILE, read_rounds
 
     space = tmp_path / "forced.yaml"
     space.write_text(FORCED_EXPLOIT.replace("KIND", kind))
@@ -234,7 +234,7 @@ def test_a_population_trials_result_json_holds_a_row_for_every_round_it_trained(
     """4 trials of 40 rounds perturbed every 5, reporting each round: every round a trial trained (its own rounds in
     its checkpoints, told apart by ran_at) has its row, though exploits restart trials within the sweep. Ray Tune's
     own writer left one such trial 21 rows of its 40 (tests/test_faults.py shows why)."""
-    from tuner.schedule import ROUNDS_FILE, read_rounds
+    from tuner.settings.schedule import ROUNDS_FILE, read_rounds
 
     space = tmp_path / "rows.yaml"
     space.write_text(

@@ -144,7 +144,7 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
 
 
 def test_a_setting_is_named_by_its_data_and_a_tuned_file_is_refused_for_another(tmp_path):
-    from tuner.tuned import read_tuned, setting_name, write_tuned
+    from tuner.settings.tuned_files import read_tuned, setting_name, write_tuned
 
     setting = dict(dataset="digits", partition="dir:0.1", clients=20, join_ratio="1", backbone="mlp")
     assert setting_name(setting) == "digits-dir0.1-20c-mlp"
@@ -160,7 +160,7 @@ def test_a_setting_is_named_by_its_data_and_a_tuned_file_is_refused_for_another(
 
 
 def test_what_set_names_holds_for_every_cell_of_a_table():
-    from tuner.reproduce import cells
+    from tuner.experiments.reproduce import cells
 
     todo, _ = cells("gpfl-table1", ["fmnist"], ["gpfl", "fedavg"], None, {"partition": "dir:0.1", "backbone": "mlp"})
     assert todo == [  # the table's dir:0.1 and pat:2 cells are one once the partition is set
@@ -200,7 +200,7 @@ def test_a_stage_of_many_methods_weighs_compiling_against_one_methods_rounds(mon
 def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(tmp_path):
     """FedPAC-CC's λ is 0, outside FedPAC's loguniform λ: Ray's Optuna search refuses a partial first point (the
     digits comparison's search stage stopped on FedAvg-FT's so), so none is tried first; FedPAC's whole one is."""
-    from tuner.fair import fair_space
+    from tuner.experiments.tuned_comparison import fair_space
     from tuner.selection import SCORE
     from tuner.sweep.recovery import StoppableOptunaSearch
 
@@ -233,8 +233,8 @@ def test_the_tuned_page_quotes_each_committed_comparison_as_its_report_wrote_it(
 
 
 def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_path, monkeypatch):
-    from tuner.config import resolve_layers
-    from tuner.tuned import setting_name
+    from tuner.settings.config import resolve_layers
+    from tuner.settings.tuned_files import setting_name
 
     shipped = sorted((ROOT / "results/tuned").glob("*/*.yaml"))
     assert shipped
@@ -252,8 +252,8 @@ def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_pa
 
 
 def test_the_tuned_pages_sentences_on_digits_are_the_committed_figures():
-    from tuner.config import resolve_layers
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
+    from tuner.settings.config import resolve_layers
 
     folder = ROOT / "results/tuned-comparisons/digits-roster"
     m, c = pd.read_parquet(folder / "fair.parquet"), pd.read_parquet(folder / "fair_columns.parquet").iloc[0]
@@ -282,8 +282,8 @@ def test_the_tuned_pages_sentences_on_digits_are_the_committed_figures():
 
 
 def test_the_tuned_pages_sentences_on_fashion_mnist_are_the_committed_figures():
-    from tuner.config import resolve_layers
-    from tuner.run import build_simulation
+    from tuner.federated_run import build_simulation
+    from tuner.settings.config import resolve_layers
 
     folder = ROOT / "results/tuned-comparisons/fmnist-gpfl-table1"
     m = pd.read_parquet(folder / "fair.parquet").set_index("method")

@@ -14,7 +14,7 @@ from cli_runs import invoke, runner
 from simulations import assert_equal_states, exact_config, reference_run, run_rounds
 
 from tuner.cli import app
-from tuner.config import RunConfig
+from tuner.settings.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "1"]
@@ -62,8 +62,8 @@ TYPED = FEDNEW.replace(
 
 def test_a_users_hyperparameters_are_typed_by_their_hints(tmp_path):
     """Optional, tuples and Literal as a user writes them; values from --set or YAML take their hint's type."""
-    from tuner.config import resolve_layers
     from tuner.errors import UserError
+    from tuner.settings.config import resolve_layers
 
     path = tmp_path / "typed.py"
     path.write_text(TYPED)
@@ -305,7 +305,7 @@ def test_a_mistaken_backbone_is_one_sentence(tmp_path, mistake):
 
 
 def test_reproduce_runs_a_users_method_in_every_setting_of_a_table(fednew, monkeypatch):
-    from tuner import reproduce
+    from tuner.experiments import reproduce
 
     monkeypatch.setattr(reproduce, "_available", lambda dataset, data_dir: True)
     table, _ = reproduce.cells("gpfl-table1", ["fmnist"])

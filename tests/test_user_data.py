@@ -13,8 +13,8 @@ import pytest
 import yaml
 from cli_runs import invoke
 
-from tuner.config import RunConfig
-from tuner.run import build_simulation
+from tuner.federated_run import build_simulation
+from tuner.settings.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ["--dataset", "digits", "--partition", "iid", "--clients", "4", "--rounds", "1"]
@@ -375,7 +375,7 @@ def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_pa
     """docs/own_code.md's worked example: make_sites.py's file, read through a space with no method."""
     import runpy
 
-    from tuner.space import load_space
+    from tuner.sweep.space import load_space
 
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(ROOT / "examples" / "make_sites.py"))

@@ -20,10 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from bench.campaign.processes import finished, raise_if_failed, run_figures, stop, tuner_run, wait_any
-from tuner import papers
-from tuner.compile import CUDA_CHECKED
-from tuner.reproduce import cells
-from tuner.run import ENVIRONMENT_FILE, read_environment
+from tuner.engine.compile import CUDA_CHECKED
+from tuner.experiments.reproduce import cells
+from tuner.federated_run import ENVIRONMENT_FILE, read_environment
+from tuner.settings import papers
 
 # The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every, rounds: None for the
 # paper's)
@@ -207,7 +207,8 @@ def run_arguments(cell: dict, rounds: int, checkpoint_every: int, engine: str) -
 
 
 def checked_on_cuda(checks: dict) -> set[tuple[str, str]]:
-    """(method, backbone) pairs checked to compile on CUDA and equal the CPU reference: tuner/compile.py's, and those
+    """(method, backbone) pairs checked to compile on CUDA and equal the CPU reference: tuner/engine/compile.py's, and
+    those
     whose compiled check passed in this folder's correctness stage."""
     passed = {
         (c["method"], c["backbone"])

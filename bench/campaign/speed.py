@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from bench.engine_speed import NotCompiled, measure, table1, what_ran
-from tuner.run import build_simulation
+from tuner.federated_run import build_simulation
 
 SPEED_METHODS = [
     "fedavg",

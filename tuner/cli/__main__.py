@@ -1,5 +1,5 @@
 """`python -m tuner.cli`: the `tuner` command without its entry point (the tests' subprocesses)."""
 
-from tuner.cli import app
+from tuner.cli.common import app
 
 app()

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from tuner.cli import absolute, console, data_app, make_config, user_errors
+from tuner.cli.common import absolute, console, data_app, make_config, user_errors
 from tuner.data.user_data import is_user_data
 
 
@@ -35,7 +35,7 @@ def data_show(
     import torch
 
     from tuner.data.show import draw_partition, summary_rows
-    from tuner.run import build_data
+    from tuner.federated_run import build_data
 
     cfg = make_config("fedavg", None, {"dataset": dataset, "partition": partition, "clients": clients}, set_)
     data = build_data(cfg, torch.device("cpu"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from tuner.cli import app, console, user_errors
+from tuner.cli.common import app, console, user_errors
 from tuner.plugins import method_class
 
 
@@ -28,7 +28,7 @@ def methods(
 
     from algorithms import METHODS
     from tuner.plugins import installed_methods
-    from tuner.tuned import tuned_settings
+    from tuner.settings.tuned_files import tuned_settings
 
     table = Table(title="Methods (tuner run NAME --set hyperparameter=value; your own: tuner run FILE.py:CLASS)")
     table.add_column("name", no_wrap=True)  # what a user types: never broken over lines

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli import absolute, app, console, err, user_errors
-from tuner.cli.tables import print_best, print_tables
+from tuner.cli.common import absolute, app, console, err, user_errors
+from tuner.cli.console_tables import print_best, print_tables
 
 
 @app.command()

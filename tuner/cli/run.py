@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tuner.cli import (
+from tuner.cli.common import (
     DATA_EPILOG,
     DATASET_HELP,
     METHOD_HELP,
@@ -76,9 +76,9 @@ def run(
     ),
 ):
     """Run one federated simulation and write its per-round metrics."""
-    from tuner.run import RunDir
-    from tuner.run import run as run_simulation
-    from tuner.schedule import load_schedule
+    from tuner.federated_run import RunDir
+    from tuner.federated_run import run as run_simulation
+    from tuner.settings.schedule import load_schedule
 
     if out is None:
         if resume:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import (
+from tuner.cli.common import (
     ADDRESS_HELP,
     GPUS_HELP,
     METHOD_HELP,
@@ -21,11 +21,11 @@ from tuner.cli import (
     err,
     user_errors,
 )
-from tuner.cli.tables import chosen_by, print_tables
-from tuner.config import parse_set
+from tuner.cli.console_tables import chosen_by, print_tables
 from tuner.errors import UserError
 from tuner.files import user_path
 from tuner.plugins import method_class
+from tuner.settings.config import parse_set
 from tuner.sweep.schedulers import SCHEDULERS
 
 SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
@@ -91,8 +91,8 @@ def sweep(
     ),
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
-    from tuner.space import load_space
     from tuner.sweep.cluster import Resources
+    from tuner.sweep.space import load_space
     from tuner.sweep.stages import sweep as run_sweep
 
     overrides = {
@@ -221,7 +221,7 @@ def reproduce(
     )
     common = dict(rounds=rounds, datasets=dataset, methods=method, patience=patience, settings=parse_set(set_))
     if tune:
-        from tuner.fair import reproduce_tuned
+        from tuner.experiments.tuned_comparison import reproduce_tuned
 
         if vary_partition:
             raise UserError("--tune pairs every method's runs over seeds of one partition; drop --vary-partition.")
@@ -239,14 +239,14 @@ def reproduce(
             **common,
         )
     else:
-        from tuner.reproduce import reproduce as run_reproduction
+        from tuner.experiments.reproduce import reproduce as run_reproduction
 
         sweep_dir, skipped = run_reproduction(
             table, storage, res, seeds=seeds, vary_partition=vary_partition, resume=resume, **common
         )
     for reason in skipped:
         err.print(f"left out: {reason}", highlight=False, soft_wrap=True)
-    from tuner.papers import TABLES
+    from tuner.settings.papers import TABLES
 
     result = build_report([sweep_dir], sweep_dir / "report")
     tables = result["tables"]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.config import RunConfig
 from tuner.files import lock_holder
 from tuner.report.runs import best_run
 from tuner.selection import SCORE
+from tuner.settings.config import RunConfig
 
 
 def best_configs(runs: list[dict], summaries: pd.DataFrame) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The fair table of a tuned comparison (tuner/fair.py), from the report's summary rows.
+"""The fair table of a tuned comparison (tuner/experiments/tuned_comparison.py), from the report's summary rows.
 
 Per method and data setting: test accuracy at the round validation chose, at the paper defaults and tuned (mean ±
 std over the same fresh seeds), the gain with its 95 % interval paired over those seeds, the rank at defaults and
@@ -18,11 +18,11 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from tuner import papers
 from tuner.report.intervals import Difference, difference
-from tuner.tuned import DATA_SETTINGS, setting_name
+from tuner.settings import papers
+from tuner.settings.tuned_files import DATA_SETTINGS, setting_name
 
-COMPARISON_FILE = "comparison.yaml"  # tuner/fair.py's record, at the comparison's root
+COMPARISON_FILE = "comparison.yaml"  # tuner/experiments/tuned_comparison.py's record, at the comparison's root
 
 
 def comparison_root(experiment: str) -> Path | None:

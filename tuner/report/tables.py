@@ -12,11 +12,11 @@ from functools import partial
 
 import pandas as pd
 
-from tuner import papers
-from tuner.config import RunConfig
 from tuner.plugins import is_variant
 from tuner.report.runs import FINAL_STAGES, SELECTION
 from tuner.selection import SCORE, best_of, started
+from tuner.settings import papers
+from tuner.settings.config import RunConfig
 
 
 def paper_cell(cfg: RunConfig) -> dict | None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import papers
 from tuner.errors import UserError
 from tuner.files import write_atomic, write_text_atomic
 from tuner.report.best import best_configs, best_markdown, best_schedules, perturbed, schedule_markdown
@@ -18,6 +17,7 @@ from tuner.report.fair import fair_latex, fair_markdown, fair_tables, plot_fair
 from tuner.report.plots import plot_curves, plot_schedule, plot_sweeps
 from tuner.report.runs import SELECTION, find_runs, summarize
 from tuner.report.tables import agreement, paper_cell, paper_tables, render
+from tuner.settings import papers
 
 
 def report(paths: list[Path], out: Path, select: str | None = None) -> dict:

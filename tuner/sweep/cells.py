@@ -1,6 +1,6 @@
 """Many searches as one Ray Tune experiment: a table's cells each searched by its own Optuna study and stopped by its
 own ASHA, the cells' trials sharing the cluster's slots (a stage per cell would leave slots idle at each stage's
-tail and pay each stage's start: tuner/fair.py).
+tail and pay each stage's start: tuner/experiments/tuned_comparison.py).
 
 A trial's `cell` (its method and data setting) is part of its configuration; the searcher gives each cell `trials`
 suggestions from the cell's study, cells in turn, and hands each result back to the study that suggested it; the

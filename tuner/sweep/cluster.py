@@ -183,7 +183,8 @@ def _stop_like_ctrl_c(signum, frame):
 # stage (bench/gpu_campaign.py), H100 80GB, commit 91f1f1c, eager engine: k=1 0.24, k=2 0.47 rounds/s
 # (the stage ran out of time before k=4). Fourteen eager runs of different methods at once (commit 0f70fac)
 # kept the H100 91-99 % busy at 3.6 times one eager run's rounds/s, so eager's knee is far above 2; but a
-# sweep on CUDA of a method and backbone checked there compiles (tuner/compile.py auto_engine), which busies one GPU
+# sweep on CUDA of a method and backbone checked there compiles (tuner/engine/compile.py auto_engine), which busies one
+# GPU
 # more: measure the knee compiled first (bench/gpu_campaign.py's sharing stage).
 TRIALS_PER_GPU = 2
 

@@ -12,8 +12,8 @@ import optuna
 from ray.tune import Callback
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.report.runs import tune_failure
 from tuner.selection import FIGURES
+from tuner.sweep.trial_files import tune_failure
 
 # The running stage's trials done (early-stopped among them) and failed, as SweepProgress counts them: Tune marks a
 # trial stopped by Ctrl-C terminated like a finished one, and a restored experiment brings its own callbacks.

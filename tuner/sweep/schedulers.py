@@ -1,6 +1,6 @@
 """Every scheduler a sweep runs, declared once: what its `scheduler:` entry in a space file may hold and how that is
 read, how Ray Tune's scheduler is built from it, and whether its trials take other trials' states (the sweep then
-checkpoints every perturbation and the report reads each trial's lineage). `tuner/space.py` reads a space's entry
+checkpoints every perturbation and the report reads each trial's lineage). `tuner/sweep/space.py` reads a space's entry
 through `read_scheduler`, `tuner/sweep/stages.py` builds through `SCHEDULERS`, `tuner/report/runs.py` asks which hand
 states, and `tuner sweep --help` lists them from here. A new scheduler is a `Scheduler` in SCHEDULERS, with its read
 and build functions here or in the module that holds its rule.
@@ -187,7 +187,7 @@ def build_population(space, rounds: int):
 def tune_domain(
     dist: CategoricalDistribution | IntDistribution | FloatDistribution,
 ):
-    """An Optuna distribution of a space file (the kinds tuner/space.py makes) as Ray Tune's sampling domain (the
+    """An Optuna distribution of a space file (the kinds tuner/sweep/space.py makes) as Ray Tune's sampling domain (the
     first population's draws)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
     from ray import tune

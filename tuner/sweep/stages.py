@@ -20,11 +20,10 @@ import ray
 import yaml
 from ray import tune
 
-from tuner.compile import COMPILE_CACHE
+from tuner.engine.compile import COMPILE_CACHE
 from tuner.errors import Interrupted, UserError, first_sentence
 from tuner.files import ensure_writable, folder_lock, user_path, write_text_atomic
 from tuner.selection import SCORE, best_of, selection, started, trial_dirname, trial_score
-from tuner.space import Space
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, quiet, stage_counts
 from tuner.sweep.recovery import (
@@ -39,6 +38,7 @@ from tuner.sweep.recovery import (
     stopping_cleanly,
 )
 from tuner.sweep.schedulers import first_population, scheduler_of, tune_domain
+from tuner.sweep.space import Space
 from tuner.sweep.stopping import FinalFailures, stoppers
 from tuner.sweep.storage import whole_file_storage
 from tuner.sweep.trainable import federated_trial
@@ -310,7 +310,7 @@ def _sweep(
 def population_figures(result, select: str) -> dict:
     """A population-based trial's figures from the rounds its state went through (its last report may come from
     before its last exploit: Tune keeps what a trial reported before an exploit and may drop what follows it)."""
-    from tuner.report.runs import lineage_rows
+    from tuner.sweep.trial_files import lineage_rows
 
     rows, _ = lineage_rows(Path(result.path), pd.DataFrame())
     return (

@@ -8,7 +8,7 @@ from pathlib import Path
 from ray.tune import Callback
 from ray.tune.stopper import CombinedStopper, Stopper
 
-from tuner.report.runs import trial_rows
+from tuner.sweep.trial_files import trial_rows
 
 
 class Patience(Stopper):

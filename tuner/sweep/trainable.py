@@ -4,7 +4,7 @@ trial's (population-based training's exploit: this trial's settings over the don
 
 Beside each checkpoint, `rounds.parquet` holds every round its state went through: the round's figures, the
 trial that ran it, when it ended, and the values of the trial's searched settings then (its schedule,
-tuner/schedule.py; a donor's rounds come with its state). A trial handed a donor's state from the donor's last
+tuner/settings/schedule.py; a donor's rounds come with its state). A trial handed a donor's state from the donor's last
 round has no round left to run and reports that state as its own, so its folder ends with it."""
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def federated_trial(
     import ray
     import torch
 
-    from tuner.compile import auto_engine, use_cache
-    from tuner.run import build_simulation
-    from tuner.schedule import RAN_AT, ROUNDS_FILE, write_rounds
+    from tuner.engine.compile import auto_engine, use_cache
+    from tuner.federated_run import build_simulation
+    from tuner.settings.schedule import RAN_AT, ROUNDS_FILE, write_rounds
     from tuner.sweep.trials import trial_config, trial_settings
 
     use_cache(compile_cache)
@@ -117,7 +117,7 @@ def restore(sim, checkpoint) -> list[dict]:
     schedule that brought the state there (a donor's, after an exploit)."""
     import torch
 
-    from tuner.schedule import ROUNDS_FILE, read_rounds
+    from tuner.settings.schedule import ROUNDS_FILE, read_rounds
 
     latest = Path(checkpoint.path)
     older = sorted((p for p in latest.parent.glob("checkpoint_*") if p.name < latest.name), reverse=True)

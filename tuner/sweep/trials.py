@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.config import RunConfig, resolve_layers
+from tuner.settings.config import RunConfig, resolve_layers
 
 # A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
 # many times before Ray Tune gives up on it (max_failures); a diverging one is not retried (sweep.FinalFailures).

@@ -2,7 +2,7 @@
 
 A run follows a training protocol: `pfllib` (GPFL §4.1 and FedCP §4, both run in PFLlib, whose
 conventions every baseline here shares) or `fedpac` (FedPAC Appendix B, also used for the
-baselines of FedPAC's tables). A method's own paper picks its protocol (tuner/papers.py); `protocol=fedpac`
+baselines of FedPAC's tables). A method's own paper picks its protocol (tuner/settings/papers.py); `protocol=fedpac`
 runs any method under FedPAC's. Rules are read top to bottom, a later match overriding an
 earlier one; a rule matches on protocol, method family, dataset and backbone (None: any).
 The backbone is settled first (the user's, else the rules'), then everything else by it.

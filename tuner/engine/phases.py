@@ -1,5 +1,5 @@
 """A phase's round for a cohort, drawn before it trains: each client's (steps, batch) rows of its samples, its
-augmentation draws and its noise keys, all keyed by (seed, round, stream, client) (tuner/draws.py), so every
+augmentation draws and its noise keys, all keyed by (seed, round, stream, client) (tuner/engine/draws.py), so every
 executor and engine trains on the same draws."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from algorithms.rounds import Phase, Round
 from tuner.data.augment import augment_draws
-from tuner.draws import PADDED, augment_seed, batch_schedule, draw_keys
+from tuner.engine.draws import PADDED, augment_seed, batch_schedule, draw_keys
 
 
 def phase_schedule(

@@ -3,7 +3,7 @@
 A space is a YAML file (see `search_spaces/`):
 
     method: fedcp                  # optional; must match the method named on the command line
-    setting: pfllib-fmnist-dir0.1  # optional: a shared experiment setting (tuner/papers.py SETTINGS)
+    setting: pfllib-fmnist-dir0.1  # optional: a shared experiment setting (tuner/settings/papers.py SETTINGS)
     settings: {rounds: 500}        # fixed, same names as --set; over the shared setting
     search:                        # one distribution per setting or hyperparameter
       lam: {grid: [0, 0.1, 1, 5, 10]}
@@ -29,11 +29,11 @@ from typing import Any
 
 import optuna
 
-from tuner.config import RunConfig, absolute_settings, resolve_layers
 from tuner.errors import UserError
 from tuner.files import read_mapping
 from tuner.plugins import canonical, method_class
 from tuner.selection import FIGURES
+from tuner.settings.config import RunConfig, absolute_settings, resolve_layers
 from tuner.sweep.schedulers import Population, read_scheduler
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
@@ -115,7 +115,7 @@ class Space:
     @property
     def figure(self) -> str:
         """The selecting figure's best so far, as the progress line shows it; runs are ranked by its score
-        (tuner.run)."""
+        (tuner.federated_run)."""
         return FIGURES[self.select]
 
 
@@ -229,7 +229,7 @@ def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
 
 
 def _shared_setting(name: Any, where: str) -> dict[str, Any]:
-    from tuner.papers import SETTINGS
+    from tuner.settings.papers import SETTINGS
 
     if name is None:
         return {}

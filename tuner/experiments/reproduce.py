@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner import papers
-from tuner.config import absolute_settings
 from tuner.errors import UserError
 from tuner.files import user_path
+from tuner.settings import papers
+from tuner.settings.config import absolute_settings
 
 ROSTER = "roster"  # every method and variant at one data setting: no published numbers, a comparison of our own
 

@@ -14,7 +14,7 @@ seeds, so that each gain is paired over seeds. Under STORAGE/TABLE-tuned:
     comparison.yaml    what was asked, each cell's best, the wall time and the trial slots (the share spent training)
 
 Each stage resumes (`--resume`) and stops cleanly on Ctrl-C; the best configurations are written as tuned settings
-files (tuner/tuned.py) once their seeds are in.
+files (tuner/settings/tuned_files.py) once their seeds are in.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import yaml
 
-from tuner.config import absolute_settings, resolve_layers
 from tuner.errors import UserError
+from tuner.experiments.reproduce import cells, paper_rounds
 from tuner.files import folder_lock, read_mapping, user_path, write_text_atomic
 from tuner.report.fair import COMPARISON_FILE
 from tuner.report.runs import NOT_CONFIGURATION
-from tuner.reproduce import cells, paper_rounds
-from tuner.tuned import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
+from tuner.settings.config import absolute_settings, resolve_layers
+from tuner.settings.tuned_files import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
 
 DEFAULTS_STAGE = "defaults"
 VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
@@ -54,7 +54,7 @@ def space_file(method: str, space_dir: Path) -> Path:
 def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict):
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
     selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
-    from tuner.space import load_space
+    from tuner.sweep.space import load_space
 
     search = read_mapping(source, "Space file").get("search")
     if not search:

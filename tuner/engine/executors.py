@@ -5,8 +5,9 @@ hook, round and client of a failure in a method's code) or all at once with torc
 count, so the clients still active are always a prefix of the stack. A chunk of the cohort trains
 in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
 
-A training step runs eager or compiled, a block of `steps_per_call` steps a program (tuner/steps.py, compiled as
-tuner/compile.py says); an evaluation batch likewise, compiled over the whole chunk (clients past their last sample
+A training step runs eager or compiled, a block of `steps_per_call` steps a program (tuner/engine/steps.py, compiled as
+tuner/engine/compile.py says); an evaluation batch likewise, compiled over the whole chunk (clients past their last
+sample
 weigh 0). The method's and the run's floats are inputs of the programs (algorithms.base.hyperparameter_inputs), so
 a sweep's next trial compiles nothing. Both engines give the same numbers (tests hold them equal in float64); a
 program that cannot be compiled leaves the run to eager."""
@@ -24,13 +25,13 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from algorithms.base import Method, State
 from algorithms.common import DRAW_KEY
 from algorithms.rounds import IGNORED, Phase, Round
-from tuner.compile import Program, Ran, compile_errors, first_line, say
 from tuner.data.augment import crop_flip
 from tuner.data.federated import FederatedData, Split
-from tuner.draws import PADDED, draw_keys
+from tuner.engine.compile import Program, Ran, compile_errors, first_line, say
+from tuner.engine.draws import PADDED, draw_keys
+from tuner.engine.phases import PhasePlan, chunk_schedule, plan_phase
+from tuner.engine.steps import CHUNKS, CompiledStep, EagerStep, block_of_steps
 from tuner.errors import OutOfMemory
-from tuner.phases import PhasePlan, chunk_schedule, plan_phase
-from tuner.steps import CHUNKS, CompiledStep, EagerStep, block_of_steps
 
 EXECUTORS = ("vectorized", "sequential")
 ENGINES = ("eager", "compiled")
@@ -169,11 +170,11 @@ class Executor:
     pads: bool = True  # compiled programs run a stack of clients, padded (else one client's shape)
 
     def compile(self, grad: Callable, phase: Phase) -> Callable:
-        """The pure step (tuner/steps.py) of the executor's shapes: a stack of clients, or one."""
+        """The pure step (tuner/engine/steps.py) of the executor's shapes: a stack of clients, or one."""
         raise NotImplementedError
 
     def block_program(self, block: Callable) -> Callable:
-        """A block of steps (tuner/steps.py, block_of_steps) as the executor's compiled program."""
+        """A block of steps (tuner/engine/steps.py, block_of_steps) as the executor's compiled program."""
         raise NotImplementedError
 
     def program(self, fn: Callable, what: str) -> Program:

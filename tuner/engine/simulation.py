@@ -2,11 +2,11 @@
 
 One round: sample a cohort, train it locally (the method's phases), upload, aggregate,
 broadcast the result to every client, and evaluate every client's personalized model. The
-per-client work is the executors' (tuner/executors.py): one training loop and one summing loop,
+per-client work is the executors' (tuner/engine/executors.py): one training loop and one summing loop,
 mapped one client at a time or over the whole cohort with vmap.
 
 All randomness (cohort sampling, batch order, augmentation, the keys of a method's noise:
-tuner/draws.py) is a function of (seed, round, stream, client), drawn on the CPU, so a saved
+tuner/engine/draws.py) is a function of (seed, round, stream, client), drawn on the CPU, so a saved
 state (round, server and client tensors, history) restores a run exactly and a run on a GPU
 draws what it draws on a CPU; no global or device generator is read during a round.
 """
@@ -24,10 +24,17 @@ import torch.nn.functional as F
 from algorithms.base import Method, State, hyperparameter_inputs
 from algorithms.rounds import Round
 from tuner.data.federated import FederatedData
-from tuner.draws import FINE_TUNE_STREAM, RECEIVE_STREAM, STATISTICS_STREAM, TEST_STREAM, VAL_STREAM, sample_cohort
+from tuner.engine.draws import (
+    FINE_TUNE_STREAM,
+    RECEIVE_STREAM,
+    STATISTICS_STREAM,
+    TEST_STREAM,
+    VAL_STREAM,
+    sample_cohort,
+)
+from tuner.engine.executor_kinds import make_executor
+from tuner.engine.executors import EngineSettings, float_type
 from tuner.errors import DivergedError
-from tuner.executor_kinds import make_executor
-from tuner.executors import EngineSettings, float_type
 
 
 def split_metrics(correct: torch.Tensor, loss_sum: torch.Tensor, counts: list[int]) -> dict[str, float]:

@@ -4,8 +4,8 @@ Each paper's training protocol and rounds, the methods it proposes, its tables (
 reports, and where the paper says so), its names for datasets and partitions, the replication
 report's name for its own run of FedPAC, and the shared experiment settings that search spaces
 name. The published numbers themselves are `results/paper_tables.csv`, one row per method and
-cell. Read by tuner/config.py (a method's home protocol), tuner/reproduce.py (the cells to run)
-and tuner/report/tables.py (cells matched to runs, labels); the protocols' values are tuner/defaults.py.
+cell. Read by tuner/settings/config.py (a method's home protocol), tuner/experiments/reproduce.py (the cells to run)
+and tuner/report/tables.py (cells matched to runs, labels); the protocols' values are tuner/settings/defaults.py.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pandas as pd
 
 from tuner.data.partition import parse_partition
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "paper_tables.csv"
+PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "paper_tables.csv"
 
 
 @dataclass(frozen=True)
 class Paper:
-    protocol: str  # the training protocol every method of its tables runs under (tuner/defaults.py)
+    protocol: str  # the training protocol every method of its tables runs under (tuner/settings/defaults.py)
     rounds: int  # global rounds of its tables
     proposes: tuple[str, ...] = ()  # its own methods: run alone, they default to its protocol
 

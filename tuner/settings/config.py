@@ -15,20 +15,20 @@ import yaml
 
 from algorithms.base import Unsupported
 from algorithms.variants import hparam_names
-from tuner.coercion import coerce
-from tuner.compile import engine_for
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
 from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
 from tuner.data.partition import natural_clients, parse_partition
 from tuner.data.user_data import is_user_data, load_user_data
-from tuner.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
+from tuner.engine.compile import engine_for
+from tuner.engine.executors import ENGINES, EXECUTORS
 from tuner.errors import UserError
-from tuner.executors import ENGINES, EXECUTORS
 from tuner.files import user_path
 from tuner.models import BACKBONES, CONV_FORMS, backbone_for
-from tuner.papers import home_protocol
 from tuner.plugins import canonical, is_reference, method_class
+from tuner.settings.coercion import coerce
+from tuner.settings.defaults import PROTOCOLS, RUN_SETTINGS, paper_defaults
+from tuner.settings.papers import home_protocol
 
 DTYPES = ("float32", "float64")
 DEFAULT_CLIENTS = 20  # the papers' federation
@@ -69,8 +69,8 @@ class RunConfig:
     rounds: int = 100
     seed: int = 0  # initialisation, batch order, client sampling
     partition_seed: int = 0  # the data split (fixed across seeds, as the papers keep one split per setting)
-    protocol: str | None = None  # pfllib | fedpac; None: the method's own paper's (tuner/papers.py)
-    # None below: the papers' value for this protocol, method, dataset and backbone (tuner/defaults.py)
+    protocol: str | None = None  # pfllib | fedpac; None: the method's own paper's (tuner/settings/papers.py)
+    # None below: the papers' value for this protocol, method, dataset and backbone (tuner/settings/defaults.py)
     backbone: str | None = None
     lr: float | None = None
     batch_size: int | None = None
@@ -108,7 +108,7 @@ class RunConfig:
 
     def resolved(self) -> ResolvedConfig:
         """The run this configuration describes: every unset setting filled from the papers' table
-        (tuner/defaults.py), the device and executor decided, every value checked. Done once: the
+        (tuner/settings/defaults.py), the device and executor decided, every value checked. Done once: the
         result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
         if RESOLVED.get(id(self)) is self:
             return cast(ResolvedConfig, self)

@@ -19,7 +19,7 @@ import yaml
 from tuner.errors import UserError
 from tuner.files import load_yaml, write_text_atomic
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TUNED_DIR = Path("results/tuned")  # under the current directory, as every other results folder
 DATA_SETTINGS = ("dataset", "partition", "clients", "join_ratio", "backbone")  # what makes a setting another one
 

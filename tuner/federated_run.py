@@ -20,20 +20,20 @@ import yaml
 from algorithms.base import Method, Unsupported
 from algorithms.net import Net
 from algorithms.rounds import Training
-from tuner.config import ResolvedConfig, RunConfig, apply_settings
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, parse_partition, partition
 from tuner.data.user_data import is_user_data
-from tuner.engine import Simulation
+from tuner.engine.executors import EngineSettings
+from tuner.engine.simulation import Simulation
 from tuner.errors import UserError
-from tuner.executors import EngineSettings
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone, with_conv_form
 from tuner.plugins import method_class
-from tuner.schedule import SCHEDULE_FILE, load_schedule, settings_at
-from tuner.tuned import checkout_commit
+from tuner.settings.config import ResolvedConfig, RunConfig, apply_settings
+from tuner.settings.schedule import SCHEDULE_FILE, load_schedule, settings_at
+from tuner.settings.tuned_files import checkout_commit
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
@@ -136,7 +136,7 @@ def check_scored(cfg: ResolvedConfig, data: FederatedData, own_split: bool) -> N
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
     """The simulation a configuration describes: the edge where code that writes its own RunConfig (a benchmark,
     a notebook, a `replace` of a resolved one) has it resolved; settings from files and options arrive resolved
-    by tuner.config.resolve_layers, and resolving them again returns them as they are.
+    by tuner.settings.config.resolve_layers, and resolving them again returns them as they are.
 
     Args:
         cfg: the run's settings, resolved here if they are not yet.
@@ -323,7 +323,8 @@ def run(
         resume: continue the run in `out` from its checkpoint up to cfg.rounds.
         on_round: called with each round's row as it is written.
         stop_requested: polled after each round.
-        schedule: settings round by round (tuner.schedule.load_schedule's table), replayed from round 1; the run
+        schedule: settings round by round (tuner.settings.schedule.load_schedule's table), replayed from round 1; the
+        run
             keeps a copy, which a resume replays on.
 
     Returns:

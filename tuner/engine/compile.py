@@ -3,8 +3,9 @@ on CUDA: `auto_engine`), how a program is compiled (`compile_program`: fixed sha
 which Inductor configuration and how a failed compile is retried (`Program`, `INDUCTOR_CONFIGS`, remembered for the
 process in `NEEDED` and `SHAPES_NEEDED`, the first on disk for later processes too), what ran (`Ran`, so a figure
 labelled compiled is never an eager run's) and where the compiled programs are kept (`use_cache`). A program that no
-configuration compiles raises to its executor, which goes on eager (tuner/executors.py, `compile_failed`); the steps
-themselves are tuner/steps.py's."""
+configuration compiles raises to its executor, which goes on eager (tuner/engine/executors.py, `compile_failed`); the
+steps
+themselves are tuner/engine/steps.py's."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ and the GPU replays one graph for the whole block. A client that finishes inside
 what it had (`live`). A chunk trains in buffers kept for the process (`ChunkBuffers`), and a program is handed the
 very tensors marked static, made once a size, so their addresses stay fixed from step to step and trial to trial:
 CUDA graphs accept in-place writes only into such tensors. How a program is compiled, retried and counted is
-tuner/compile.py's (`Program`, `Ran`). The executors (tuner/executors.py) choose a step and run it over the cohort.
+tuner/engine/compile.py's (`Program`, `Ran`). The executors (tuner/engine/executors.py) choose a step and run it over
+the cohort.
 
 A block's inputs are step-major: `xs` (steps, rows, batch, ...) the stored samples of its batches (gathered by the
 executor, one gather a block, so the split's size is no shape of a program and a partition never recompiles),
@@ -23,7 +24,7 @@ import torch
 from algorithms.base import State
 from algorithms.common import DRAW_KEY
 from algorithms.rounds import Phase
-from tuner.compile import Ran, compile_errors
+from tuner.engine.compile import Ran, compile_errors
 
 
 class EagerStep:

@@ -1,6 +1,6 @@
 """The two executors: `sequential`, the reference, maps a method's per-client functions one client at a time and
 names the hook, round and client of a failure in a method's code; `vectorized` maps them over the whole cohort with
-torch.func.vmap. Both share the loops of tuner/executors.py."""
+torch.func.vmap. Both share the loops of tuner/engine/executors.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from torch.utils._pytree import tree_flatten
 
 from algorithms.base import Method
 from tuner.data.federated import FederatedData
+from tuner.engine.executors import EngineSettings, Executor, MethodFailed, own_strides, row_of, stack_rows
+from tuner.engine.steps import pure_step
 from tuner.errors import UserError
-from tuner.executors import EngineSettings, Executor, MethodFailed, own_strides, row_of, stack_rows
-from tuner.steps import pure_step
 
 
 class SequentialExecutor(Executor):

@@ -8,7 +8,7 @@ import math
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import console
+from tuner.cli.common import console
 
 
 def chosen_by(select: str, val_acc: float | None, val_round: float | None) -> str:

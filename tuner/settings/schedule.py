@@ -5,7 +5,8 @@ state went through its donors' rounds and its own, each with the values it had t
 A sweep's trial writes `rounds.parquet` beside each checkpoint: each round's figures, the trial that ran it, when it
 ended (`ran_at`, seconds since the epoch: a round run again after a kill has another) and its searched settings'
 values, which the file's `settings` metadata names. A schedule file is such a file, or a
-CSV or Parquet file of a `round` column and one column a setting. Replaying (tuner/run.py) changes settings where
+CSV or Parquet file of a `round` column and one column a setting. Replaying (tuner/federated_run.py) changes settings
+where
 the trial did, between two rounds, the way an exploit does: the next round's simulation is built with the new
 values and takes the state the last one left, so it runs what the trial ran."""
 
@@ -17,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from tuner.config import RunConfig, apply_settings
 from tuner.errors import UserError, first_sentence
 from tuner.files import write_atomic
+from tuner.settings.config import RunConfig, apply_settings
 
 ROUNDS_FILE = "rounds.parquet"
 RAN_AT = "ran_at"
