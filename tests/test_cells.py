@@ -63,10 +63,8 @@ def data_root(tmp_path_factory):
 
 def cell_config(cell: dict, root):
     folder = cell["dataset"] + ("-many" if cell["clients"] > 100 else "")  # FedCP Table 4
-    cfg = trial_config(
-        {"rounds": 1, "data_dir": str(root / folder), "min_samples": 14}, {"cell": cell, "seed": 0}
-    ).resolved()
-    return replace(cfg, pac_train=cfg.batch_size, pac_test=20)  # FedPAC's clients: one batch each
+    cfg = trial_config({"rounds": 1, "data_dir": str(root / folder), "min_samples": 14}, {"cell": cell, "seed": 0})
+    return replace(cfg.settings(), pac_train=cfg.batch_size, pac_test=20)  # FedPAC's clients: one batch each
 
 
 def data_key(cell: dict) -> tuple:

@@ -16,6 +16,7 @@ from torch import nn
 
 from algorithms import METHODS
 from tuner.data.datasets import DEBIAN_FMNIST
+from tuner.data.partition import parse_partition
 from tuner.engine.compile import CUDA_COMPILE_ROUNDS
 from tuner.engine.draws import batch_schedule, sample_cohort
 from tuner.errors import UserError
@@ -511,11 +512,36 @@ def test_the_sequential_executor_names_the_hook_round_and_client_of_a_failure(mo
         sim.step()
 
 
-def test_a_configuration_is_resolved_once_with_its_device_decided():
-    cfg = RunConfig(method="fedavg", dataset="digits").resolved()
+def test_a_configuration_is_planned_once_with_its_device_decided_and_a_plan_is_never_replaced():
+    cfg = RunConfig(method="fedavg", dataset="digits", partition="dir:0.3", join_ratio="0.5-1").resolved()
     assert cfg.resolved() is cfg and cfg.device == "cpu" and cfg.executor == "vectorized" and cfg.lr == 0.005
-    again = replace(cfg, lr=0.1)  # a changed configuration is a new one, resolved anew
-    assert again.resolved() is not again and again.resolved().lr == 0.1
+    assert cfg.split == ("dir", 0.3) and cfg.join == (0.5, 1.0)
+    with pytest.raises(TypeError, match="change its settings"):
+        replace(cfg, lr=0.1)  # a plan changed by hand would keep its parsed partition and checks
+    again = replace(cfg.settings(), lr=0.1, partition="pat:2")  # the settings changed are planned anew
+    assert type(again) is RunConfig and again.resolved().lr == 0.1 and again.resolved().split == ("pat", 2.0)
+    assert "split" not in cfg.to_yaml() and yaml.safe_load(cfg.to_yaml()) == yaml.safe_load(cfg.settings().to_yaml())
+
+
+def test_a_run_and_a_sweep_trial_parse_their_partition_and_join_ratio_once(tmp_path, monkeypatch):
+    """Planned once at the edge (`tuner run`, a trial's settings), then read from the plan by everything after."""
+    from cli_runs import invoke
+
+    import tuner.settings.config as config
+    from tuner.sweep.trials import trial_config
+
+    parsed = []
+    monkeypatch.setattr(config, "parse_partition", lambda text: parsed.append(text) or parse_partition(text))
+    monkeypatch.setattr(config.RunConfig, "join_range", lambda self: parsed.append(self.join_ratio) or (0.5, 1.0))
+    res = invoke("run", "fedavg", "--dataset", "digits", "--clients", "4", "--rounds", "1", "--out", tmp_path / "r")
+    assert res.exit_code == 0 and parsed == ["dir:0.1", "1"], (parsed, res.output)
+    parsed.clear()
+    base = {"method": "fedavg", "dataset": "digits", "clients": 4, "rounds": 1}
+    plan = trial_config(base, {"lr": 0.01}, worker_rounds=100)
+    build_simulation(plan).step()
+    assert parsed == ["dir:0.1", "1"] and plan.engine == "eager"
+    # the worker's rounds, not the trial's one, decide auto's engine: 1000 repay compiling the mlp on a CPU
+    assert trial_config(base, {"lr": 0.01}, worker_rounds=1000).engine == "compiled"
 
 
 # --- randomness is part of the method contract

@@ -78,7 +78,7 @@ def test_a_run_computes_its_convolutions_in_the_form_it_names():
         input_shape=(1, 28, 28),
         vocab=None,
     )
-    net = build_method(replace(cfg, backbone="cnn4"), images).net.module
+    net = build_method(replace(cfg.settings(), backbone="cnn4").resolved(), images).net.module
     assert [m.form for m in net.modules() if isinstance(m, torch.nn.Conv2d)] == ["unfold", "unfold"]
     with pytest.raises(UserError, match="Unknown conv_form 'winograd'; choose one of grouped, unfold\\."):
         RunConfig(method="fedavg", dataset="digits", conv_form="winograd").resolved()

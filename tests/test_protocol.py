@@ -36,7 +36,7 @@ def test_the_partition_does_not_change_with_the_batch_size_or_the_run_seed():
 
 
 def test_seed_reruns_vary_the_partition_only_when_asked():
-    from tuner.sweep.stages import seed_grid
+    from tuner.sweep.runner import seed_grid
 
     assert seed_grid([1, 2], False) == {"seed": {"grid_search": [1, 2]}}
     pairs = seed_grid([1, 2], True)["seeding"]["grid_search"]

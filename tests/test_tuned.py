@@ -172,8 +172,9 @@ def test_what_set_names_holds_for_every_cell_of_a_table():
 def test_a_stage_of_many_methods_weighs_compiling_against_one_methods_rounds(monkeypatch, tmp_path):
     """243 runs of 81 methods on 2 slots: a worker runs ~40 rounds of any one method (its seeds), not 2440; compiling
     for 2440 made every method compile on the CPU (the digits comparison's first minutes: 26 to 113 s a method)."""
-    import tuner.sweep.stages as stages
+    import tuner.sweep.runner as runner
     from tuner.sweep.cluster import Resources
+    from tuner.sweep.runner import Stage
 
     class Built(Exception):
         pass
@@ -184,16 +185,14 @@ def test_a_stage_of_many_methods_weighs_compiling_against_one_methods_rounds(mon
         captured.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(stages, "start_ray", lambda res: None)
-    monkeypatch.setattr(stages, "check_fits", lambda request: None)
-    monkeypatch.setattr(stages, "trial_resources", lambda res: {"cpu": 1.0, "gpu": 0.0})
-    monkeypatch.setattr(stages.ray, "cluster_resources", lambda: {"CPU": 2.0})
-    monkeypatch.setattr(stages.tune, "with_parameters", trainable)
+    monkeypatch.setattr(runner, "start_ray", lambda res: None)
+    monkeypatch.setattr(runner, "check_fits", lambda request: None)
+    monkeypatch.setattr(runner, "trial_resources", lambda res: {"cpu": 1.0, "gpu": 0.0})
+    monkeypatch.setattr(runner.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(runner.tune, "with_parameters", trainable)
     for sharing, rounds in ((3, 40), (None, 20 * 122)):
         with pytest.raises(Built):
-            stages.run_stage(
-                tmp_path, "defaults", {}, "val", 1, Resources(), expected=243, sharing=sharing, rounds=20, resume=False
-            )
+            runner.run_stage(tmp_path, Stage("defaults", {}, 20, expected=243, sharing=sharing), Resources(), False)
         assert captured["worker_rounds"] == rounds
 
 

@@ -122,7 +122,7 @@ def test_pfllibs_generated_folders_are_read_as_their_clients(tmp_path):
             np.savez_compressed(tmp_path / "Cifar" / split / f"{i}.npz", data=data)
     cfg = RunConfig(method="fedavg", dataset=str(tmp_path / "Cifar"), partition="natural", rounds=1).resolved()
     assert cfg.clients == 3 and cfg.backbone == "mlp"  # 8x8 is too small for the CNN
-    sim = build_simulation(replace(cfg, batch_size=5))
+    sim = build_simulation(replace(cfg.settings(), batch_size=5))
     assert sim.data.train.counts == sizes["train"]
     assert math.isfinite(sim.step()["train_loss"])
 
@@ -388,5 +388,5 @@ def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_pa
             "none",
             0.1,
         )
-    data = build_simulation(replace(cfg, rounds=1)).data
+    data = build_simulation(replace(cfg.settings(), rounds=1)).data
     assert [int((c > 0).sum()) for c in data.label_counts()] == [2] * 6  # each site sees two of the four classes

@@ -23,7 +23,7 @@ from algorithms.rounds import Training
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
-from tuner.data.partition import PartitionSpec, parse_partition, partition
+from tuner.data.partition import PartitionSpec, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine.executors import EngineSettings
 from tuner.engine.simulation import Simulation
@@ -31,16 +31,16 @@ from tuner.errors import UserError
 from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
 from tuner.models import build_backbone, with_conv_form
 from tuner.plugins import method_class
-from tuner.settings.config import ResolvedConfig, RunConfig, apply_settings
+from tuner.settings.config import RunConfig, RunPlan, apply_settings
 from tuner.settings.schedule import SCHEDULE_FILE, load_schedule, settings_at
 from tuner.settings.tuned_files import checkout_commit
 
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
 
-def partition_spec(cfg: ResolvedConfig, ds: Dataset) -> PartitionSpec:
+def partition_spec(cfg: RunPlan, ds: Dataset) -> PartitionSpec:
     """The partition depends on the data settings only: never on the run's seed or batch size."""
-    kind, value = parse_partition(cfg.partition)
+    kind, value = cfg.split
     n = len(ds.y)
     min_samples = cfg.min_samples
     if min_samples is None and kind == "natural":  # the user's clients, every one, unless min_samples leaves some out
@@ -63,7 +63,7 @@ def partition_spec(cfg: ResolvedConfig, ds: Dataset) -> PartitionSpec:
     )
 
 
-def build_data(cfg: ResolvedConfig, device: torch.device) -> FederatedData:
+def build_data(cfg: RunPlan, device: torch.device) -> FederatedData:
     ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
     if cfg.augment and ds.kind != "image":
         raise UserError(f"augment=true crops and flips images; {cfg.dataset} holds {ds.kind} data.")
@@ -82,7 +82,7 @@ def build_data(cfg: ResolvedConfig, device: torch.device) -> FederatedData:
     return data
 
 
-def check_batches(cfg: ResolvedConfig, data: FederatedData) -> None:
+def check_batches(cfg: RunPlan, data: FederatedData) -> None:
     """Every client trains: one full batch at least (the last partial batch is dropped, as PFLlib does)."""
     counts = data.train.counts
     short = [i for i, n in enumerate(counts) if n < cfg.batch_size]
@@ -95,7 +95,7 @@ def check_batches(cfg: ResolvedConfig, data: FederatedData) -> None:
         f"(the fewest: client {data.client_name(smallest)}, {fewest})"
     )
     # its clients are the data's: fewer clients or a new draw do not apply
-    if parse_partition(cfg.partition)[0] == "natural":
+    if cfg.split.kind == "natural":
         raise UserError(
             f"{cfg.dataset}: {where}; use batch_size={fewest} or less, or leave such clients out with "
             f"--set min_samples={cfg.batch_size} (natural partitions keep the clients with that many training samples)."
@@ -107,7 +107,7 @@ def check_batches(cfg: ResolvedConfig, data: FederatedData) -> None:
     )
 
 
-def check_scored(cfg: ResolvedConfig, data: FederatedData, own_split: bool) -> None:
+def check_scored(cfg: RunPlan, data: FederatedData, own_split: bool) -> None:
     """Every client is scored: a mean over fewer clients than the run names would be another experiment."""
     splits = [("test", data.test)] + ([("validation", data.val)] if cfg.val_frac > 0 else [])
     for split, part in splits:
@@ -120,7 +120,7 @@ def check_scored(cfg: ResolvedConfig, data: FederatedData, own_split: bool) -> N
             fix = f"raise val_frac above {cfg.val_frac:g}, or leave small clients out with min_samples"
         elif own_split:  # the data's own test rows
             fix = "give those clients rows whose split is test, or drop their rows"
-        elif parse_partition(cfg.partition)[0] == "natural":  # too few rows for 25 % to round to one
+        elif cfg.split.kind == "natural":  # too few rows for 25 % to round to one
             fix = (
                 "leave such small clients out with --set min_samples=N (natural partitions keep the clients "
                 "with N training samples or more)"
@@ -135,11 +135,11 @@ def check_scored(cfg: ResolvedConfig, data: FederatedData, own_split: bool) -> N
 
 def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simulation:
     """The simulation a configuration describes: the edge where code that writes its own RunConfig (a benchmark,
-    a notebook, a `replace` of a resolved one) has it resolved; settings from files and options arrive resolved
-    by tuner.settings.config.resolve_layers, and resolving them again returns them as they are.
+    a notebook, a plan's settings() changed) has it planned; settings from files and options arrive planned by
+    tuner.settings.config.resolve_layers, and a plan is taken as it is.
 
     Args:
-        cfg: the run's settings, resolved here if they are not yet.
+        cfg: the run's settings, planned here if they are not yet.
         data: the clients' data already on the run's device (a benchmark's), else loaded and partitioned from cfg.
 
     Returns:
@@ -148,32 +148,37 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
     Raises:
         UserError: a setting the run refuses, data it cannot load, a backbone or method that cannot run it.
     """
-    cfg = cfg.resolved()
-    device = torch.device(cfg.device)
-    if cfg.deterministic:
+    return planned_simulation(cfg, data)[1]
+
+
+def planned_simulation(cfg: RunConfig, data: FederatedData | None = None) -> tuple[RunPlan, Simulation]:
+    """The run's plan and its simulation (build_simulation)."""
+    plan = cfg.resolved()
+    device = torch.device(plan.device)
+    if plan.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic matmuls
-    torch.use_deterministic_algorithms(cfg.deterministic)  # per run: a process may build several
-    data = data or build_data(cfg, device)
-    check_batches(cfg, data)
-    if cfg.dtype != "float32":
-        data = replace(data, decode=_decoding_to(getattr(torch, cfg.dtype), data.decode))
-    method = build_method(cfg, data)
+    torch.use_deterministic_algorithms(plan.deterministic)  # per run: a process may build several
+    data = data or build_data(plan, device)
+    check_batches(plan, data)
+    if plan.dtype != "float32":
+        data = replace(data, decode=_decoding_to(getattr(torch, plan.dtype), data.decode))
+    method = build_method(plan, data)
     settings = EngineSettings(
-        seed=cfg.seed,
-        join_ratio=cfg.join_range(),
-        eval_gap=cfg.eval_gap,
-        executor=cfg.executor,
-        engine=cfg.engine,
-        cohort_chunk=cfg.cohort_chunk,
-        steps_per_call=cfg.steps_per_call,
-        eval_batch=cfg.eval_batch,
-        augment=cfg.augment,
-        full_last_round=cfg.full_last_round,
+        seed=plan.seed,
+        join_ratio=plan.join,
+        eval_gap=plan.eval_gap,
+        executor=plan.executor,
+        engine=plan.engine,
+        cohort_chunk=plan.cohort_chunk,
+        steps_per_call=plan.steps_per_call,
+        eval_batch=plan.eval_batch,
+        augment=plan.augment,
+        full_last_round=plan.full_last_round,
     )
-    return Simulation(method, data, settings)
+    return plan, Simulation(method, data, settings)
 
 
-def build_method(cfg: ResolvedConfig, data: FederatedData) -> Method:
+def build_method(cfg: RunPlan, data: FederatedData) -> Method:
     """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume);
     `cfg` resolved."""
     method_cls = method_class(cfg.method)
@@ -187,10 +192,10 @@ def build_method(cfg: ResolvedConfig, data: FederatedData) -> Method:
         momentum=cfg.momentum,
         weight_decay=cfg.weight_decay,
         rounds=cfg.rounds,
-        participation=sum(cfg.join_range()) / 2,
+        participation=sum(cfg.join) / 2,
         seed=cfg.seed,
         class_counts=class_counts,
-        participation_max=cfg.join_range()[1],
+        participation_max=cfg.join[1],
         client_samples=tuple(int(c) for c in data.train.counts),
     )
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
@@ -357,32 +362,34 @@ def _run(
     if schedule is not None:  # config.yaml says what round 1 ran
         current = settings_at(schedule, 1)
         cfg = apply_settings(cfg, current, "the schedule's round 1")
-    sim = build_simulation(cfg)
+    plan, sim = planned_simulation(cfg)
     if resume:
         run_dir.load(sim)
-        if cfg.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
+        if plan.rounds <= sim.round:  # nothing to run; its config.yaml must not shrink below the rounds it holds
             raise UserError(
                 f"{run_dir.path} has run {sim.round} rounds already; --rounds is the new total: give more "
                 f"than {sim.round} to continue it."
             )
-    run_dir.write_config(cfg)
+    run_dir.write_config(plan)
     run_dir.record_environment(sim.data.train.y.device, sim.round + 1)
     if given is not None:  # the run keeps a copy, which a resume replays on
         write_atomic(kept, lambda p: given.reset_index().to_parquet(p, index=False))
+    engine = plan.engine
     try:
-        while sim.round < cfg.rounds and not stop_requested():
+        while sim.round < plan.rounds and not stop_requested():
             if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
+                now = replace(plan.settings(), engine=engine)
                 sim, current = (
-                    rebuilt(sim, apply_settings(cfg, wanted, f"the schedule's round {sim.round + 1}")),
+                    rebuilt(sim, apply_settings(now, wanted, f"the schedule's round {sim.round + 1}")),
                     wanted,
                 )
             row = sim.step()
-            if cfg.engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
-                cfg = replace(cfg, engine=sim.settings.engine)
-                run_dir.write_config(cfg)
+            if engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
+                engine = sim.settings.engine
+                run_dir.write_config(replace(plan.settings(), engine=engine))
             if on_round:
                 on_round(row)
-            if sim.round % cfg.checkpoint_every == 0:
+            if sim.round % plan.checkpoint_every == 0:
                 run_dir.write_metrics(sim.history)
                 run_dir.save(sim)
     finally:  # a diverging or interrupted run keeps every row it produced

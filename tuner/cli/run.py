@@ -95,7 +95,7 @@ def run(
         cfg = make_config(method, config, opts, set_, tuned)
     table = None if schedule is None else load_schedule(schedule, cfg)
     if table is not None and rounds is None and not resume:
-        cfg = replace(cfg, rounds=len(table))
+        cfg = replace(cfg.settings(), rounds=len(table))
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"),

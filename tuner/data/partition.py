@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,18 +53,25 @@ RANGES = {
 }
 
 
-def parse_partition(text: str) -> tuple[str, float | None]:
+class PartitionSetting(NamedTuple):
+    """A partition setting as parsed: its kind and its number (None for iid and natural)."""
+
+    kind: str
+    value: float | None
+
+
+def parse_partition(text: str) -> PartitionSetting:
     """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None)."""
     kind, _, value = text.partition(":")
     if kind in ("iid", "natural") and not value:
-        return kind, None
+        return PartitionSetting(kind, None)
     if kind in RANGES and value:
         try:
             v = float(value)
         except ValueError:
             v = math.nan
         if {"pat": v >= 1 and v.is_integer(), "dir": v > 0, "pac": 0 <= v <= 100}[kind]:
-            return kind, v
+            return PartitionSetting(kind, v)
         raise UserError(f"Partition '{text}': {kind}'s value must be {RANGES[kind]}, not {value}.")
     raise UserError(
         f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), "

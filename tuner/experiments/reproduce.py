@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.files import user_path
 from tuner.settings import papers
 from tuner.settings.config import absolute_settings
 
@@ -111,8 +110,7 @@ def reproduce(
     left out."""
     from ray import tune
 
-    from tuner.files import ensure_writable, folder_lock
-    from tuner.sweep.stages import run_stage, seed_grid
+    from tuner.sweep.runner import Stage, holding, run_stage, seed_grid
     from tuner.sweep.stopping import stoppers
 
     settings = absolute_settings(settings or {})
@@ -120,29 +118,17 @@ def reproduce(
     if not todo:
         raise UserError(f"No cell of {table} can run here ({'; '.join(skipped) or 'nothing matches the filters'}).")
     rounds = paper_rounds(table) if rounds is None else rounds
-    paper_name = papers.TABLES[table].paper if table in papers.TABLES else None
-    sweep_dir = user_path(storage) / table  # absolute before Ray sees it
-    if not resume and (sweep_dir / "reproduce").exists():
-        raise UserError(
-            f"{sweep_dir} already holds this reproduction; pass --resume to continue it, or another --storage."
-        )
-    base = {"rounds": rounds, **settings}
-    ensure_writable(sweep_dir, "the sweep's storage")
-    with folder_lock(sweep_dir, "The reproduction", "choose another --storage"):
-        run_stage(
-            sweep_dir,
-            "reproduce",
-            base,
-            "test",
-            1,
-            res,
-            param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
-            stopper=stoppers(patience, None),
-            samples=1,
-            expected=len(todo) * seeds,
-            sharing=seeds,  # a cell's seeds run its programs; another cell's method compiles its own
-            rounds=rounds,
-            resume=resume,
-            extra={"table": table, "paper": paper_name},
-        )
-    return sweep_dir, skipped
+    stage = Stage(
+        name="reproduce",
+        base={"rounds": rounds, **settings},
+        rounds=rounds,
+        select="test",
+        param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
+        stopper=stoppers(patience, None),
+        expected=len(todo) * seeds,
+        sharing=seeds,  # a cell's seeds run its programs; another cell's method compiles its own
+        record={"table": table, "paper": papers.TABLES[table].paper if table in papers.TABLES else None},
+    )
+    with holding(storage / table, "reproduction", "choose another --storage", "reproduce", resume, res) as folder:
+        run_stage(folder, stage, res, resume)
+    return folder, skipped

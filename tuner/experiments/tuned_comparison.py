@@ -26,11 +26,13 @@ import yaml
 
 from tuner.errors import UserError
 from tuner.experiments.reproduce import cells, paper_rounds
-from tuner.files import folder_lock, read_mapping, user_path, write_text_atomic
+from tuner.files import read_mapping, write_text_atomic
 from tuner.report.fair import COMPARISON_FILE
 from tuner.report.runs import NOT_CONFIGURATION
 from tuner.settings.config import absolute_settings, resolve_layers
 from tuner.settings.tuned_files import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
+from tuner.sweep.cells import cell_key
+from tuner.sweep.runner import Stage, holding, run_stage
 
 DEFAULTS_STAGE = "defaults"
 VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
@@ -93,16 +95,6 @@ def reproduce_tuned(
     resume: bool = False,
 ) -> tuple[Path, list[str]]:
     """Tune every runnable cell of `table` at one budget; returns the comparison's folder and what was left out."""
-    from ray import tune
-
-    from tuner.selection import SCORE, best_of, started, trial_score
-    from tuner.sweep.cells import CellSchedulers, CellSearches, cell_key
-    from tuner.sweep.cluster import check_request, start_ray, trial_resources, trial_slots
-    from tuner.sweep.recovery import StoppableOptunaSearch
-    from tuner.sweep.schedulers import asha
-    from tuner.sweep.stages import run_stage, seed_grid
-    from tuner.sweep.stopping import stoppers
-
     settings = absolute_settings(settings or {})
     todo, skipped = cells(table, datasets, methods, settings.get("data_dir"), settings)
     if not todo:
@@ -125,158 +117,211 @@ def reproduce_tuned(
         "settings": common,
     }
     sources = {c["method"]: space_file(c["method"], space_dir) for c in todo}  # all found before anything runs
-    top = user_path(storage) / f"{table}-tuned"
-    record = top / COMPARISON_FILE
-    if not resume and record.exists():
-        raise UserError(f"{top} already holds this comparison; pass --resume to continue it, or another --storage.")
-    check_request(res)
-    with folder_lock(top, "The comparison", "choose another --storage"):
-        earlier = yaml.safe_load(record.read_text()) if record.exists() else {}
-        if earlier and earlier.get("asked") != asked:
-            raise UserError(
-                f"{top} was started with other settings ({_first_change(earlier.get('asked') or {}, asked)}); "
-                "resume it with the same options, or choose another --storage."
-            )
-        wall, t0 = float(earlier.get("wall_s", 0.0)), time.monotonic()
-        start_ray(res)
-        import ray
-
-        slots = trial_slots(trial_resources(res), res.max_concurrent, ray.cluster_resources())
-
-        found: dict[str, dict] = dict(earlier.get("best", {}))  # each cell's best, as its search found it
-
-        def note(done: list[str]) -> None:  # written as each part ends: a stop keeps the time spent so far
-            wall_s = wall + time.monotonic() - t0
-            text = yaml.safe_dump(
-                {"asked": asked, "wall_s": wall_s, "slots": slots, "done": done, "best": found}, sort_keys=False
-            )
-            write_text_atomic(record, text)
-
-        done: list[str] = list(earlier.get("done", []))
-        note(done)
+    folder = Path(storage) / f"{table}-tuned"
+    with holding(folder, "comparison", "choose another --storage", COMPARISON_FILE, resume, res) as top:
+        record = Record.resumed(top / COMPARISON_FILE, asked, res)
         try:  # a stop keeps the time spent so far
-            stage = dict(stopper=stoppers(patience, None), rounds=rounds, extra={"table": table, "comparison": asked})
-            if DEFAULTS_STAGE not in done:
-                run_stage(
-                    top,
-                    DEFAULTS_STAGE,
-                    common,
-                    "val",
-                    1,
-                    res,
-                    param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
-                    samples=1,
-                    expected=len(todo) * seeds,
-                    sharing=seeds,  # a cell's runs share its method's compiled programs, not another's
-                    resume=tune.Tuner.can_restore(str(top / DEFAULTS_STAGE)),
-                    **stage,
-                )
-                done.append(DEFAULTS_STAGE)
-                note(done)
+            if DEFAULTS_STAGE not in record.done:
+                run_stage(top, defaults_stage(asked, todo), res, tune_can_restore(top / DEFAULTS_STAGE))
+                record.finished(DEFAULTS_STAGE)
             spaces = {
                 cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in todo
             }
-            if "search" not in done:
-                searches = {
-                    key: StoppableOptunaSearch(
-                        space=sp.search,
-                        metric=SCORE,
-                        mode="max",
-                        sampler=sp.make_sampler(sp.base_config().seed),  # one sampler, one seed, for every method
-                        points_to_evaluate=sp.first_points(),
-                    )
-                    for key, sp in spaces.items()
-                }
-                grid = run_stage(
-                    top,
-                    "search",
-                    common,
-                    "val",
-                    1,
-                    res,
-                    searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
-                    scheduler=CellSchedulers(lambda: asha(grace, rounds)),
-                    samples=len(todo) * trials,
-                    sharing=trials,
-                    resume=tune.Tuner.can_restore(str(top / "search")),
-                    **stage,
-                )
-                searched = [r for r in grid if r.metrics]
-                for key in spaces:
-                    mine = [r for r in searched if cell_key(r.config["cell"]) == key]
-                    best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
-                    if best is None:  # every trial failed: the cell has no tuned configuration, the others go on
-                        found[key] = {
-                            "failed": f"no search trial reported a result (error.txt files in {top / 'search'})"
-                        }
-                        continue
-                    found[key] = {
-                        "config": {k: v for k, v in best.config.items() if k != "cell"},
-                        "val_acc": best.metrics.get("best_val_acc"),
-                        "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
-                    }
-                done.append("search")
-                note(done)
-            tuned_cells = [c for c in todo if "config" in found[cell_key(c)]]
-            if "seeds" not in done and tuned_cells:
-                grid = run_stage(
-                    top,
-                    "seeds",
-                    common,
-                    "val",
-                    1,
-                    res,
-                    param_space={
-                        "tuned": tune.grid_search([{**c, **found[cell_key(c)]["config"]} for c in tuned_cells]),
-                        **seed_grid(asked["seeds"], False),
-                    },
-                    samples=1,
-                    expected=len(tuned_cells) * seeds,
-                    sharing=seeds,
-                    resume=tune.Tuner.can_restore(str(top / "seeds")),
-                    **stage,
-                )
+            if "search" not in record.done:
+                stage = search_stage(asked, todo, spaces)
+                grid = run_stage(top, stage, res, tune_can_restore(top / "search"))
+                record.found.update(best_by_cell(grid, spaces, top / "search"))
+                record.finished("search")
+            tuned_cells = [c for c in todo if "config" in record.found[cell_key(c)]]
+            if "seeds" not in record.done and tuned_cells:
+                stage = seeds_stage(asked, [{**c, **record.found[cell_key(c)]["config"]} for c in tuned_cells])
+                grid = run_stage(top, stage, res, tune_can_restore(top / "seeds"))
                 for c in tuned_cells:
-                    cfg = resolve_layers(c["method"], [("the comparison's settings", {**common, **c})])
-                    best = found[cell_key(c)]
-                    tuned = {
-                        k: v
-                        for k, v in {**common, **c, **best["config"]}.items()
-                        if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
-                    }
-                    accs = [
-                        r.metrics.get("selected_acc")
-                        for r in grid
-                        if r.metrics and r.error is None and r.config["tuned"]["method"] == c["method"]
-                    ]
-                    write_tuned(
-                        tuned_dir,
-                        cfg.method,
-                        {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned},
-                        {
-                            "table": table,
-                            "space": shown_path(sources[c["method"]]),
-                            "space_sha256": file_hash(sources[c["method"]]),
-                            "sampler": sampler,
-                            "sampler_seed": cfg.seed,
-                            "trials": trials,
-                            "rounds": rounds,
-                            "grace": grace,
-                            "patience": patience,
-                            "rounds_trained": best["rounds_trained"],
-                            "selected_by": "val",
-                            "val_acc": best["val_acc"],
-                            "seeds": asked["seeds"],
-                            "seeds_test_acc": accs,
-                            "comparison": str(top),
-                            "commit": checkout_commit(),
-                        },
-                    )
-                done.append("seeds")
-                note(done)
+                    write_tuned_cell(c, record.found[cell_key(c)], grid, asked, sources[c["method"]], top, tuned_dir)
+                record.finished("seeds")
         finally:
-            note(done)
+            record.note()
     return top, skipped
+
+
+class Record:
+    """comparison.yaml as the comparison goes: what was asked, the stages done, each cell's best as its search found
+    it, the wall time (over every command that ran it) and the trial slots, written as each stage ends."""
+
+    def __init__(self, path: Path, asked: dict, earlier: dict, slots: int):
+        self.path, self.asked, self.slots = path, asked, slots
+        self.wall, self.t0 = float(earlier.get("wall_s", 0.0)), time.monotonic()
+        self.done: list[str] = list(earlier.get("done", []))
+        self.found: dict[str, dict] = dict(earlier.get("best", {}))
+
+    @classmethod
+    def resumed(cls, path: Path, asked: dict, res) -> Record:
+        """The record a stopped comparison left, refused where it asked for other settings; Ray started, its slots
+        counted."""
+        import ray
+
+        from tuner.sweep.cluster import start_ray, trial_resources, trial_slots
+
+        earlier = yaml.safe_load(path.read_text()) if path.exists() else {}
+        if earlier and earlier.get("asked") != asked:
+            raise UserError(
+                f"{path.parent} was started with other settings ({_first_change(earlier.get('asked') or {}, asked)}); "
+                "resume it with the same options, or choose another --storage."
+            )
+        start_ray(res)
+        record = cls(
+            path, asked, earlier, trial_slots(trial_resources(res), res.max_concurrent, ray.cluster_resources())
+        )
+        record.note()
+        return record
+
+    def finished(self, stage: str) -> None:
+        self.done.append(stage)
+        self.note()
+
+    def note(self) -> None:
+        wall_s = self.wall + time.monotonic() - self.t0
+        text = yaml.safe_dump(
+            {"asked": self.asked, "wall_s": wall_s, "slots": self.slots, "done": self.done, "best": self.found},
+            sort_keys=False,
+        )
+        write_text_atomic(self.path, text)
+
+
+def tune_can_restore(path: Path) -> bool:
+    from ray import tune
+
+    return tune.Tuner.can_restore(str(path))
+
+
+def _stage(asked: dict, name: str, **kwargs) -> Stage:
+    """A stage of the comparison: its settings, selection by validation, patience, the table and what was asked."""
+    from tuner.sweep.stopping import stoppers
+
+    return Stage(
+        name=name,
+        base=asked["settings"],
+        rounds=asked["rounds"],
+        stopper=stoppers(asked["patience"], None),
+        record={"table": asked["table"], "comparison": asked},
+        **kwargs,
+    )
+
+
+def defaults_stage(asked: dict, todo: list[dict]) -> Stage:
+    """Every cell at its method's paper defaults, on the comparison's seeds."""
+    from ray import tune
+
+    from tuner.sweep.runner import seed_grid
+
+    seeds = len(asked["seeds"])
+    return _stage(
+        asked,
+        DEFAULTS_STAGE,
+        param_space={"cell": tune.grid_search(todo), **seed_grid(asked["seeds"], False)},
+        expected=len(todo) * seeds,
+        sharing=seeds,  # a cell's runs share its method's compiled programs, not another's
+    )
+
+
+def search_stage(asked: dict, todo: list[dict], spaces: dict) -> Stage:
+    """Every cell's search in one experiment: an Optuna study (one sampler, one seed, for every method) and an
+    ASHA a cell, the cells' trials sharing the slots."""
+    from tuner.selection import SCORE
+    from tuner.sweep.cells import CellSchedulers, CellSearches
+    from tuner.sweep.recovery import StoppableOptunaSearch
+    from tuner.sweep.schedulers import asha
+
+    searches = {
+        key: StoppableOptunaSearch(
+            space=sp.search,
+            metric=SCORE,
+            mode="max",
+            sampler=sp.make_sampler(sp.base_config().seed),
+            points_to_evaluate=sp.first_points(),
+        )
+        for key, sp in spaces.items()
+    }
+    trials, grace, rounds = asked["trials"], asked["grace"], asked["rounds"]
+    return _stage(
+        asked,
+        "search",
+        searcher=CellSearches(searches, {cell_key(c): c for c in todo}, trials, SCORE, "max"),
+        scheduler=CellSchedulers(lambda: asha(grace, rounds)),
+        samples=len(todo) * trials,
+        sharing=trials,
+    )
+
+
+def best_by_cell(grid, spaces: dict, search: Path) -> dict[str, dict]:
+    """Each cell's best trial by validation (the earlier trial of equals), or why it has none."""
+    from tuner.selection import best_of, started, trial_score
+
+    searched = [r for r in grid if r.metrics]
+    found = {}
+    for key in spaces:
+        mine = [r for r in searched if cell_key(r.config["cell"]) == key]
+        best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
+        if best is None:  # every trial failed: the cell has no tuned configuration, the others go on
+            found[key] = {"failed": f"no search trial reported a result (error.txt files in {search})"}
+            continue
+        found[key] = {
+            "config": {k: v for k, v in best.config.items() if k != "cell"},
+            "val_acc": best.metrics.get("best_val_acc"),
+            "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
+        }
+    return found
+
+
+def seeds_stage(asked: dict, tuned: list[dict]) -> Stage:
+    """Every tuned cell's best configuration on the comparison's seeds."""
+    from ray import tune
+
+    from tuner.sweep.runner import seed_grid
+
+    seeds = len(asked["seeds"])
+    return _stage(
+        asked,
+        "seeds",
+        param_space={"tuned": tune.grid_search(tuned), **seed_grid(asked["seeds"], False)},
+        expected=len(tuned) * seeds,
+        sharing=seeds,
+    )
+
+
+def write_tuned_cell(cell: dict, best: dict, grid, asked: dict, source: Path, top: Path, tuned_dir: Path) -> None:
+    """The cell's tuned settings file, with where they came from and what its seeds scored."""
+    common = asked["settings"]
+    cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])
+    tuned = {
+        k: v
+        for k, v in {**common, **cell, **best["config"]}.items()
+        if k not in (*NOT_CONFIGURATION, "method")  # a run of the tuned settings picks its seed
+    }
+    accs = [
+        r.metrics.get("selected_acc")
+        for r in grid
+        if r.metrics and r.error is None and r.config["tuned"]["method"] == cell["method"]
+    ]
+    provenance = {
+        "table": asked["table"],
+        "space": shown_path(source),
+        "space_sha256": file_hash(source),
+        "sampler": asked["sampler"],
+        "sampler_seed": cfg.seed,
+        "trials": asked["trials"],
+        "rounds": asked["rounds"],
+        "grace": asked["grace"],
+        "patience": asked["patience"],
+        "rounds_trained": best["rounds_trained"],
+        "selected_by": "val",
+        "val_acc": best["val_acc"],
+        "seeds": asked["seeds"],
+        "seeds_test_acc": accs,
+        "comparison": str(top),
+        "commit": checkout_commit(),
+    }
+    write_tuned(tuned_dir, cfg.method, {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned}, provenance)
 
 
 def shown_path(path: Path) -> str:

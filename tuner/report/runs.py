@@ -165,7 +165,7 @@ def _trial(params: Path, experiment: Path, info: dict) -> dict | None:
 
 def config_key(cfg: RunConfig) -> str:
     """Identifies a configuration across seeds."""
-    d = {k: v for k, v in asdict(cfg).items() if k not in NOT_CONFIGURATION}
+    d = {k: v for k, v in asdict(cfg.settings()).items() if k not in NOT_CONFIGURATION}
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

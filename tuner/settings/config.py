@@ -6,9 +6,9 @@ that is neither a run setting nor a hyperparameter of the method is refused.
 
 from __future__ import annotations
 
-import weakref
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, cast, get_type_hints
+from typing import Any, get_type_hints
 
 import torch
 import yaml
@@ -18,7 +18,7 @@ from algorithms.variants import hparam_names
 from tuner.data.dataset import NORMALIZATIONS, takes_normalization
 from tuner.data.datasets import AS_LOADED, LOADERS
 from tuner.data.federated import SHIFTS
-from tuner.data.partition import natural_clients, parse_partition
+from tuner.data.partition import PartitionSetting, natural_clients, parse_partition
 from tuner.data.user_data import is_user_data, load_user_data
 from tuner.engine.compile import engine_for
 from tuner.engine.executors import ENGINES, EXECUTORS
@@ -53,11 +53,6 @@ def auto_executor(device: str, batch_size: int) -> str:
     cnn4 round 18.7 s vectorized against 20.1 s sequential; FedPAC's batch of 50, 2.7 s against 1.6 s.
     Only those two sizes were measured; 32 splits them."""
     return "vectorized" if device.startswith("cuda") or batch_size < 32 else "sequential"
-
-
-# The configurations that are their own resolution, by identity, for as long as they live: a `replace` of one is a
-# new object, resolved anew; nothing of it reaches config.yaml.
-RESOLVED: weakref.WeakValueDictionary[int, RunConfig] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -106,14 +101,17 @@ class RunConfig:
     checkpoint_every: int = 50
     hparams: dict[str, Any] = field(default_factory=dict)
 
-    def resolved(self) -> ResolvedConfig:
-        """The run this configuration describes: every unset setting filled from the papers' table
-        (tuner/settings/defaults.py), the device and executor decided, every value checked. Done once: the
-        result is its own resolution (a `replace` of it is a new configuration, resolved anew)."""
-        if RESOLVED.get(id(self)) is self:
-            return cast(ResolvedConfig, self)
+    def resolved(self, worker_rounds: int | None = None) -> RunPlan:
+        """The run this configuration describes, planned once: every unset setting filled from the papers' table
+        (tuner/settings/defaults.py), the device, executor and engine decided, every value checked, the partition
+        parsed and the join ratio read as numbers. `worker_rounds`: in a sweep, the rounds all the trials of its
+        worker run (they share its compiled programs), which engine auto weighs in place of the run's own. A plan
+        is its own resolution."""
+        if isinstance(self, RunPlan) and worker_rounds is None:
+            return self
         method = method_class(self.method)
-        dataset, clients, backbone = self._data_settings()
+        split = parse_partition(self.partition)
+        dataset, clients, backbone = self._data_settings(split.kind)
         protocol = self.protocol or home_protocol(method.family or method.name)
         if protocol not in PROTOCOLS:
             raise UserError(f"Unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}.")
@@ -122,8 +120,7 @@ class RunConfig:
                 f"Unknown backbone '{self.backbone}'; choose one of {', '.join(BACKBONES)}, or name your own "
                 "as path/to/file.py:function."
             )
-        parse_partition(self.partition)
-        self.join_range()
+        join = self.join_range()
         table = paper_defaults(protocol, method.family or method.name, dataset, backbone)
         run = {k: table[k] if getattr(self, k) is None else getattr(self, k) for k in RUN_SETTINGS}
         paper_hp = {k: v for k, v in table.items() if k not in RUN_SETTINGS and k in hparam_names(method)}
@@ -131,12 +128,13 @@ class RunConfig:
         device = resolve_device(self.device)
         executor = auto_executor(device, run["batch_size"]) if self.executor == "auto" else self.executor
         run["backbone"] = canonical(run["backbone"])
+        rounds = self.rounds if worker_rounds is None else worker_rounds
         engine = engine_for(
-            self.engine, device, self.rounds, run["backbone"], canonical(self.method), method.family or method.name
+            self.engine, device, rounds, run["backbone"], canonical(self.method), method.family or method.name
         )
         run["normalize"] = self._normalization(dataset, run["normalize"])
         filled = replace(
-            self,
+            self.settings(),
             method=canonical(self.method),
             dataset=dataset,
             clients=clients,
@@ -146,15 +144,24 @@ class RunConfig:
             executor=executor,
             engine=engine,
             hparams=hp,
+            data_dir=str(user_path(self.data_dir)) if self.data_dir else None,  # trials read it from elsewhere
         )
-        out = _checked(cast(ResolvedConfig, filled))  # every run setting filled from the table above
-        RESOLVED[id(out)] = out
-        return cast(ResolvedConfig, out)
+        token = _PLANNING.set(True)
+        try:
+            plan = RunPlan(**{f.name: getattr(filled, f.name) for f in fields(RunConfig)}, split=split, join=join)
+        finally:
+            _PLANNING.reset(token)
+        _check(plan)  # every run setting filled from the table above
+        return plan
 
-    def _data_settings(self) -> tuple[str, int, str | None]:
+    def settings(self) -> RunConfig:
+        """The settings alone, as config.yaml holds them: a RunConfig to change and plan again."""
+        return RunConfig(**{f.name: getattr(self, f.name) for f in fields(RunConfig)})
+
+    def _data_settings(self, kind: str) -> tuple[str, int, str | None]:
         """The dataset (a user's: its absolute path), the federation's size and the backbone where the data
-        decides them."""
-        natural = parse_partition(self.partition)[0] == "natural"
+        decides them; `kind`: the partition's."""
+        natural = kind == "natural"
         if not is_user_data(self.dataset):
             if self.dataset not in LOADERS:
                 raise UserError(
@@ -226,33 +233,41 @@ class RunConfig:
         return lo_f, hi_f
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(asdict(self), sort_keys=False)
+        return yaml.safe_dump(asdict(self.settings()), sort_keys=False)
 
 
-if TYPE_CHECKING:
-
-    class ResolvedConfig(RunConfig):
-        """For the type checker: a RunConfig that is its own resolution, every setting the papers' table fills set."""
-
-        clients: int
-        protocol: str
-        backbone: str
-        lr: float
-        batch_size: int
-        local_epochs: int
-        momentum: float
-        weight_decay: float
-        groups: int
-        full_last_round: bool
-        augment: bool
-        normalize: str
-
-else:
-    ResolvedConfig = RunConfig  # one class at run time: resolution is a state (RESOLVED), not a type
+_PLANNING: ContextVar[bool] = ContextVar("planning", default=False)
 
 
-def _checked(cfg: ResolvedConfig) -> ResolvedConfig:
-    """Every resolved setting checked; a user's data_dir made absolute (trials read it from another directory)."""
+@dataclass(frozen=True)
+class RunPlan(RunConfig):
+    """A run planned once (`RunConfig.resolved`): every setting the papers' table fills set, the device, executor
+    and engine decided, each value checked, the partition parsed (`split`) and the join ratio as numbers (`join`).
+    What runs a simulation takes a plan. A plan is not changed by `replace`: change its `settings()` and plan
+    them again."""
+
+    clients: int = 0
+    protocol: str = ""
+    backbone: str = ""
+    lr: float = 0.0
+    batch_size: int = 0
+    local_epochs: int = 0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    groups: int = 0
+    full_last_round: bool = False
+    augment: bool = False
+    normalize: str = ""
+    split: PartitionSetting = PartitionSetting("iid", None)
+    join: tuple[float, float] = (1.0, 1.0)
+
+    def __post_init__(self):
+        if not _PLANNING.get():
+            raise TypeError("A RunPlan is made by RunConfig.resolved(); change its settings() and resolve them.")
+
+
+def _check(cfg: RunPlan) -> None:
+    """Every planned setting checked."""
     for name in (
         "clients",
         "rounds",
@@ -288,8 +303,6 @@ def _checked(cfg: ResolvedConfig) -> ResolvedConfig:
         method_class(cfg.method).Hparams(**cfg.hparams)
     except Unsupported as e:
         raise UserError(str(e)) from None
-    data_dir = str(user_path(cfg.data_dir)) if cfg.data_dir else None  # trials read it from another directory
-    return replace(cfg, data_dir=data_dir)
 
 
 RUN_FIELDS = {name: hint for name, hint in get_type_hints(RunConfig).items() if name != "hparams"}
@@ -313,7 +326,7 @@ def apply_settings(cfg: RunConfig, settings: dict[str, Any], source: str) -> Run
         else:
             allowed = ", ".join(list(RUN_FIELDS) + hparam_names(method))
             raise UserError(f"{source}: '{name}' is not a setting of {cfg.method}; allowed: {allowed}.")
-    return replace(cfg, **updates, hparams=hp)
+    return replace(cfg.settings(), **updates, hparams=hp)
 
 
 def absolute_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -344,7 +357,7 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> ResolvedConfig:
+def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]], worker_rounds: int | None = None) -> RunPlan:
     """The run that layers of settings describe, each over the ones before (a file, the options, --set, a
     trial's values), resolved: where settings become a run, the one place that resolves them. A value the run
     refuses is blamed on the layer that brought it (0 is a value, never unset)."""
@@ -353,7 +366,7 @@ def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> Res
         if settings:
             cfg = apply_settings(cfg, settings, source)
             applied.append((source, cfg))
-    resolved = _resolution(cfg)
+    resolved = _resolution(cfg, worker_rounds)
     if isinstance(resolved, RunConfig):
         return resolved
     # the first layer it follows
@@ -361,8 +374,8 @@ def resolve_layers(method: str, layers: list[tuple[str, dict[str, Any]]]) -> Res
     raise UserError(f"{blamed}: {resolved}" if blamed else str(resolved)) from None
 
 
-def _resolution(cfg: RunConfig) -> ResolvedConfig | UserError:
+def _resolution(cfg: RunConfig, worker_rounds: int | None = None) -> RunPlan | UserError:
     try:
-        return cfg.resolved()
+        return cfg.resolved(worker_rounds)
     except UserError as refused:
         return refused

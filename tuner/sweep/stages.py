@@ -12,166 +12,24 @@ it stopped (`--resume`), and stops cleanly, with what it wrote kept, on Ctrl-C, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pandas as pd
-import ray
 import yaml
 from ray import tune
 
-from tuner.engine.compile import COMPILE_CACHE
-from tuner.errors import Interrupted, UserError, first_sentence
-from tuner.files import ensure_writable, folder_lock, user_path, write_text_atomic
-from tuner.selection import SCORE, best_of, selection, started, trial_dirname, trial_score
-from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
-from tuner.sweep.console import SweepProgress, quiet, stage_counts
-from tuner.sweep.recovery import (
-    RESERVE_FILE,
-    ProgressRows,
-    ResultRows,
-    StoppableOptunaSearch,
-    StorageWatch,
-    drop_damaged_errors,
-    refuse_damaged_state,
-    requeue_lost_trials,
-    stopping_cleanly,
-)
+from tuner.errors import UserError, first_sentence
+from tuner.files import write_text_atomic
+from tuner.selection import SCORE, best_of, selection, started, trial_score
+from tuner.sweep.cluster import Resources
+from tuner.sweep.console import quiet
+from tuner.sweep.recovery import StoppableOptunaSearch
+from tuner.sweep.runner import Stage, holding, run_stage, seed_grid
 from tuner.sweep.schedulers import first_population, scheduler_of, tune_domain
 from tuner.sweep.space import Space
-from tuner.sweep.stopping import FinalFailures, stoppers
-from tuner.sweep.storage import whole_file_storage
-from tuner.sweep.trainable import federated_trial
-from tuner.sweep.trials import TRIAL_RETRIES
+from tuner.sweep.stopping import stoppers
 
-EXPERIMENT_FILE = "experiment.yaml"
-
-
-def write_experiment(path: Path, stage: str, base: dict[str, Any], select: str, **extra) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    info = {"stage": stage, "select": select, "settings": base, **extra}
-    write_text_atomic(path / EXPERIMENT_FILE, yaml.safe_dump(info, sort_keys=False))
-
-
-def run_stage(
-    sweep_dir: Path,
-    stage: str,
-    base: dict[str, Any],
-    select: str,
-    report_every: int,
-    res: Resources,
-    *,
-    param_space: dict | None = None,
-    searcher=None,
-    scheduler=None,
-    stopper=None,
-    samples: int = 1,
-    expected: int | None = None,
-    sharing: int | None = None,
-    rounds: int,
-    resume: bool,
-    extra: dict | None = None,
-    budget: int | None = None,
-    keep_checkpoints: int = 2,
-):
-    """Run (or continue) one Ray Tune experiment in sweep_dir/stage and return its ResultGrid. `sharing`: how many of
-    its trials run one method in one setting, and so the same compiled programs [default: all of them]."""
-    check_request(res)  # before anything is written or started
-    ensure_writable(sweep_dir, "the sweep's storage")
-    start_ray(res)
-    path = sweep_dir / stage
-    request = trial_resources(res)
-    check_fits(request)
-    cache = str(res.compile_cache or sweep_dir.parent / COMPILE_CACHE)
-    alike = sharing or (samples if expected is None else expected)
-    shared_rounds = worker_rounds(request, alike, rounds, res.max_concurrent, ray.cluster_resources())
-    trainable = tune.with_parameters(
-        federated_trial,
-        base=base,
-        select=select,
-        report_every=report_every,
-        compile_cache=cache,
-        worker_rounds=shared_rounds,
-    )
-    trainable = tune.with_resources(trainable, request)
-    if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
-        refuse_damaged_state(path)
-        drop_damaged_errors(path)
-        tuner = restored(path, trainable)
-    else:
-        write_experiment(path, stage, base, select, **(extra or {}))
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space or {},
-            tune_config=tune.TuneConfig(
-                metric=SCORE,
-                mode="max",
-                search_alg=searcher,
-                scheduler=scheduler,
-                num_samples=samples,
-                max_concurrent_trials=res.max_concurrent,
-                # a trial is seeded and built whole from its config, so a worker that ran
-                # one runs the next alike, without the ~2.5 s of starting and importing torch
-                reuse_actors=True,
-                trial_dirname_creator=trial_dirname,
-            ),
-            run_config=tune.RunConfig(
-                name=stage,
-                storage_path=str(sweep_dir),
-                storage_filesystem=whole_file_storage(),
-                stop=stopper,
-                callbacks=[
-                    SweepProgress(expected or samples, rounds, select),
-                    FinalFailures(),
-                    StorageWatch(sweep_dir / RESERVE_FILE),
-                    ResultRows(),  # in place of Ray Tune's own writers of these files
-                    ProgressRows(),
-                ],
-                # Two checkpoints: a kill while a new one registers can leave the saved experiment state
-                # pointing at the one before, which keeping one alone would already have deleted.
-                verbose=2 if res.verbose else 0,
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints),
-                failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
-            ),
-        )
-    stage_counts.update(early=0, failed=0, done=0)
-    with stopping_cleanly(sweep_dir) as going_on:
-        grid = tuner.fit()
-        for _ in range(TRIAL_RETRIES):  # trials whose worker was killed before they began run again, from round 1
-            if not going_on() or not (lost := requeue_lost_trials(path)):
-                break
-            print(
-                f"{lost} trials lost their worker while not running (killed between two trials); running them again",
-                flush=True,
-            )
-            stage_counts.update(early=0, failed=0, done=0)
-            grid = restored(path, trainable).fit()
-    # a trial stopped by Ctrl-C is neither done nor failed; one never begun neither
-    ended = stage_counts["done"] + stage_counts["failed"]
-    spent = sum((r.metrics or {}).get("round", 0) for r in grid)
-    # a spent budget ends the trials it stopped
-    unfinished = 0 if budget is not None and spent >= budget else (expected or samples) - ended
-    if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
-        raise Interrupted(
-            f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
-            "Run the same command with --resume to continue."
-        )
-    return grid
-
-
-def restored(path: Path, trainable) -> tune.Tuner:
-    """A stage's experiment as Ray Tune saved it: finished and failed trials stay as they are."""
-    return tune.Tuner.restore(
-        str(path), trainable, resume_unfinished=True, resume_errored=False, storage_filesystem=whole_file_storage()
-    )
-
-
-def seed_grid(seeds: list[int], vary_partition: bool) -> dict:
-    """Tune's grid over seeds: the run seed alone (one partition, as the papers), or each seed with its own
-    partition."""
-    if vary_partition:
-        return {"seeding": tune.grid_search([{"seed": s, "partition_seed": s} for s in seeds])}
-    return {"seed": tune.grid_search(seeds)}
+SUMMARY_FILE = "summary.yaml"
 
 
 def sweep(
@@ -191,70 +49,82 @@ def sweep(
             f"--seeds reruns one configuration, and a {space.population.kind} trial's is a schedule: replay it with "
             "`tuner run --schedule` and --set seed=N (docs/sweeps.md), or drop --seeds."
         )
-    sweep_dir = user_path(sweep_dir)  # Ray and pyarrow read a relative path as a URI without a scheme
-    search_dir = sweep_dir / "search"
-    if not resume and search_dir.exists():
-        raise UserError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or --name to start another.")
-    if resume and not search_dir.exists():
-        raise UserError(f"{sweep_dir} holds no sweep to resume; drop --resume to start it.")
-    check_request(res)  # a request no node meets, and a storage that cannot be written, before the lock
-    ensure_writable(sweep_dir, "the sweep's storage")
-    with folder_lock(sweep_dir, "The sweep", "choose another --name"):
-        return _sweep(space, sweep_dir, res, seeds, vary_partition, resume, study_db)
+    with holding(sweep_dir, "sweep", "choose another --name", "search", resume, res) as folder:
+        restoring = resume and tune.Tuner.can_restore(str(folder / "search"))
+        grid = run_stage(folder, search_stage(space, folder, study_db, restoring), res, restoring)
+        summary, best = searched(space, folder, grid)
+        if seeds:
+            reruns = run_stage(folder, seeds_stage(space, best.config, seeds, vary_partition), res, resume)
+            summary["seeds"] = [r.metrics.get("selected_acc") for r in reruns if r.metrics and r.error is None]
+        write_text_atomic(folder / SUMMARY_FILE, yaml.safe_dump(_plain(summary), sort_keys=False))
+        return summary
 
 
-def _sweep(
-    space: Space, sweep_dir: Path, res: Resources, seeds: int, vary_partition: bool, resume: bool, study_db: Path | None
-) -> dict:
-    search_dir = sweep_dir / "search"
+def search_stage(space: Space, folder: Path, study_db: Path | None, restoring: bool) -> Stage:
+    """The space's search: Optuna's sampler under ASHA and the space's stopping rules, or a population trained by
+    PBT or PB2, whose trials draw their first values from Tune's domains and take states from each other (a
+    donor's checkpoint at every perturbation, kept until its recipients have read it)."""
+    kind, cfg = scheduler_of(space), space.base_config()
     base = {"method": space.method, **space.settings}
-    cfg = space.base_config()
-    restoring = resume and tune.Tuner.can_restore(str(search_dir))
-    kind, pop = scheduler_of(space), space.population
-    # A population's trials draw their first values from Tune's domains and take states from each other: a donor's
-    # checkpoint at every perturbation, kept until its recipients have read it. Optuna's draw them through the searcher.
-    param_space = {n: tune_domain(d) for n, d in space.search.items()} if kind.hands_states else None
-    keep = 4 if kind.hands_states else 2
     if kind.hands_states:
-        base = {**base, "checkpoint_every": pop.interval}
+        base = {**base, "checkpoint_every": space.population.interval}
     searcher = None  # a restored sweep brings its own; a new one would enqueue the default point again
     if not restoring and kind.hands_states:
         searcher = first_population(space, cfg.seed)
     elif not restoring:
-        storage = study_storage(study_db) if study_db else None
         searcher = StoppableOptunaSearch(
             space=space.search,
             metric=SCORE,
             mode="max",
             sampler=space.make_sampler(cfg.seed),
-            storage=storage,
-            study_name=sweep_dir.name,
+            storage=study_storage(study_db) if study_db else None,
+            study_name=folder.name,
             points_to_evaluate=space.first_points(),
         )
-    grid = run_stage(
-        sweep_dir,
-        "search",
-        base,
-        space.select,
-        space.report_every,
-        res,
-        param_space=param_space,
+    return Stage(
+        name="search",
+        base=base,
+        rounds=cfg.rounds,
+        select=space.select,
+        param_space={n: tune_domain(d) for n, d in space.search.items()} if kind.hands_states else {},
         searcher=searcher,
         scheduler=kind.build(space, cfg.rounds),
-        stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, search_dir),
+        stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, folder / "search"),
         samples=space.samples,
-        rounds=cfg.rounds,
-        resume=restoring,
+        report_every=space.report_every,
         budget=space.stop.max_total_rounds,
-        keep_checkpoints=keep,
-        extra={
+        keep_checkpoints=4 if kind.hands_states else 2,
+        record={  # the report's axes
             "method": space.method,
             "space": space.source,
             "sampler": space.sampler,
             "scheduler": kind.name,
             "log_scale": [name for name, dist in space.search.items() if getattr(dist, "log", False)],
-        },  # the report's axes
+        },
     )
+
+
+def seeds_stage(space: Space, best: dict, seeds: int, vary_partition: bool) -> Stage:
+    """The best configuration rerun with the `seeds` seeds after the search's."""
+    cfg = space.base_config()
+    return Stage(
+        name="seeds",
+        base={"method": space.method, **space.settings},
+        rounds=cfg.rounds,
+        select=space.select,
+        param_space={**best, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
+        stopper=stoppers(space.stop.patience, None),
+        expected=seeds,
+        report_every=space.report_every,
+        record={"method": space.method, "best_of": "search"},
+    )
+
+
+def searched(space: Space, folder: Path, grid) -> tuple[dict, object]:
+    """The search's summary and its best trial by the selection rule. A trial that refused a setting the search
+    gave ends the sweep in one sentence, the summary of the search's best so far written first: no seeds are run
+    on a space that needs fixing."""
+    pop = space.population
     figures = {r.path: population_figures(r, space.select) if pop else r.metrics for r in grid if r.metrics}
     best = best_of(
         (r for r in grid if r.metrics), lambda r: trial_score(figures[r.path], space.select), lambda r: started(r.path)
@@ -262,7 +132,7 @@ def _sweep(
     refused = [r.metrics["failed"] for r in grid if r.metrics and r.metrics.get("failed_kind") == "refused"]
     refusal = (
         UserError(
-            f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {sweep_dir} refused a setting the search gave "
+            f"{len(refused)} trial{'s' if len(refused) > 1 else ''} of {folder} refused a setting the search gave "
             f"({refused[0]}); fix the space and sweep again (--name for a new sweep)."
         )
         if refused
@@ -270,7 +140,7 @@ def _sweep(
     )
     if best is None:
         raise refusal or UserError(
-            f"No trial of {sweep_dir} reported a result; see the error.txt files under {search_dir}."
+            f"No trial of {folder} reported a result; see the error.txt files under {folder / 'search'}."
         )
     summary = {
         "best_config": dict(best.config),
@@ -282,29 +152,10 @@ def _sweep(
     spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.max_total_rounds
     if budget and spent >= budget:  # trials stopped short by the budget: said, not left to look like early stopping
         summary["ended_by"] = f"the round budget: {spent} rounds over all trials reached max_total_rounds {budget}"
-    if refusal:  # the search's best so far stays written; no seeds are run on a space that needs fixing
-        write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
+    if refusal:
+        write_text_atomic(folder / SUMMARY_FILE, yaml.safe_dump(_plain(summary), sort_keys=False))
         raise refusal
-    if seeds:
-        seeds_grid = run_stage(
-            sweep_dir,
-            "seeds",
-            base,
-            space.select,
-            space.report_every,
-            res,
-            param_space={**best.config, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
-            stopper=stoppers(space.stop.patience, None),
-            samples=1,
-            expected=seeds,
-            rounds=cfg.rounds,
-            resume=resume,
-            extra={"method": space.method, "best_of": "search"},
-        )
-        accs = [r.metrics.get("selected_acc") for r in seeds_grid if r.metrics and r.error is None]
-        summary["seeds"] = accs
-    write_text_atomic(sweep_dir / "summary.yaml", yaml.safe_dump(_plain(summary), sort_keys=False))
-    return summary
+    return summary, best
 
 
 def population_figures(result, select: str) -> dict:

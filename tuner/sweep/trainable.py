@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ def federated_trial(
     import ray
     import torch
 
-    from tuner.engine.compile import auto_engine, use_cache
+    from tuner.engine.compile import use_cache
     from tuner.federated_run import build_simulation
     from tuner.settings.schedule import RAN_AT, ROUNDS_FILE, write_rounds
     from tuner.sweep.trials import trial_config, trial_settings
@@ -55,9 +54,7 @@ def federated_trial(
     torch.set_num_threads(max(1, cpus))
     sim = None
     try:
-        cfg = trial_config(base, config)
-        if settings.get("engine", "auto") == "auto":
-            cfg = replace(cfg, engine=auto_engine(cfg.device, worker_rounds, cfg.backbone, cfg.method))
+        cfg = trial_config(base, config, worker_rounds)
         sim = build_simulation(cfg)
 
         def report(checkpointed: bool, handed_over: bool = False) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.settings.config import RunConfig, resolve_layers
+from tuner.settings.config import RunPlan, resolve_layers
 
 # A trial that dies (its worker killed by the OOM killer, a node lost) restarts from its last checkpoint this
 # many times before Ray Tune gives up on it (max_failures); a diverging one is not retried (sweep.FinalFailures).
@@ -23,8 +23,9 @@ def trial_settings(base: dict[str, Any], params: dict[str, Any]) -> dict[str, An
     }
 
 
-def trial_config(base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
-    """A Tune trial's RunConfig, resolved (trial_settings)."""
+def trial_config(base: dict[str, Any], params: dict[str, Any], worker_rounds: int | None = None) -> RunPlan:
+    """A Tune trial's run, planned (trial_settings); `worker_rounds`: the rounds all the trials of its worker run,
+    which engine auto weighs (they share the worker's compiled programs)."""
     settings = trial_settings(base, params)
     method = settings.pop("method")
-    return resolve_layers(method, [("trial", settings)])
+    return resolve_layers(method, [("trial", settings)], worker_rounds)
