@@ -93,8 +93,9 @@ TypeError: Forgetful: defines end_local but does not declare Passes(end_local=Tr
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +135,7 @@ def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dty
     method may branch on it. Ints, bools and strings (epochs, k, switches) stay static. The engine calls
     this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it."""
 
-    def tensors(values, names):
+    def tensors(values: Any, names: Iterable[str]) -> Any:
         out = copy.copy(values)
         for name in names:
             v = getattr(values, name)
@@ -169,7 +170,7 @@ class Method:
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__ and "title" not in cls.__dict__:
             cls.title = cls.name
@@ -177,7 +178,7 @@ class Method:
         if problem:
             raise TypeError(f"{cls.__name__}: {problem}")
 
-    def __init__(self, net: Net, training: Training, hp=None):
+    def __init__(self, net: Net, training: Training, hp: Any = None) -> None:
         self.net = net
         self.training = training
         self.hp = hp if hp is not None else self.Hparams()
@@ -253,7 +254,7 @@ class Method:
         trains: tuple[str, ...],
         epochs: int | None = None,
         lr: float | None = None,
-        loss=None,
+        loss: Callable[..., torch.Tensor] | None = None,
         steps: int | None = None,
         batch: int | None = None,
         clip: float | None = None,

@@ -61,10 +61,13 @@ def data_root(tmp_path_factory):
     patch.undo()
 
 
-def cell_config(cell: dict, root):
+def cell_config(cell: dict, root, **changes):
+    """The cell's run as a trial plans it, with FedPAC's clients one batch each, and `changes`."""
     folder = cell["dataset"] + ("-many" if cell["clients"] > 100 else "")  # FedCP Table 4
     cfg = trial_config({"rounds": 1, "data_dir": str(root / folder), "min_samples": 14}, {"cell": cell, "seed": 0})
-    return replace(cfg.settings(), pac_train=cfg.batch_size, pac_test=20)  # FedPAC's clients: one batch each
+    return replace(
+        cfg.settings(), pac_train=cfg.batch_size, pac_test=20, **changes
+    ).resolved()  # FedPAC's clients: one batch each
 
 
 def data_key(cell: dict) -> tuple:
@@ -138,8 +141,8 @@ def test_a_covering_set_of_cells_trains_a_round(data_root, every_cell):
     }
     assert hundred in todo
     for cell in trained + [hundred]:
-        cfg = cell_config({**cell, "join_ratio": "0.2"}, data_root)  # a fifth of the clients train
-        cfg = replace(cfg, local_epochs=1)  # a protocol's epochs are the same loop, run longer
+        # a fifth of the clients train; a protocol's epochs are the same loop, run longer
+        cfg = cell_config({**cell, "join_ratio": "0.2"}, data_root, local_epochs=1)
         row = build_simulation(cfg).step()
         assert math.isfinite(row["train_loss"]) and 0 <= row["acc"] <= 1, cell
         # FedPAC's protocol has everyone in the last round, whatever the join ratio

@@ -44,7 +44,7 @@ stop: {grace: 5, patience: 10, max_total_rounds: 200}
     assert space.sampler == "tpe" and space.samples == 10
     # honest by default: the sweep selects on a validation split it carves, never on test accuracy
     assert space.select == "val" and space.figure == "best_val_acc" and space.base_config().val_frac == 0.1
-    assert (space.stop.grace, space.stop.patience, space.stop.max_total_rounds) == (5, 10, 200)
+    assert (space.stop.grace, space.stop.rules) == (5, {"patience": 10, "max_total_rounds": 200})
     # the paper's setting first: FedCP's λ = 5, the MLP's lr 0.005, one local epoch; dir:0.1 is the default partition
     assert space.defaults() == {"lam": 5.0, "lr": 0.005, "local_epochs": 1, "partition": "dir:0.1"}
 
@@ -71,7 +71,7 @@ def test_all_grid_uses_the_grid_sampler_over_the_whole_product(tmp_path):
 def test_command_line_overrides_and_val_selection(tmp_path):
     p = write(tmp_path, "settings: {dataset: digits}\nsearch:\n  lr: {loguniform: [0.001, 0.1]}\n")
     space = load_space(p, "fedavg", {"sampler": "random", "samples": 3, "select": "val", "patience": 4}, {"rounds": 7})
-    assert (space.sampler, space.samples, space.select, space.stop.patience) == ("random", 3, "val", 4)
+    assert (space.sampler, space.samples, space.select, space.stop.rules["patience"]) == ("random", 3, "val", 4)
     assert space.figure == "best_val_acc"
     cfg = space.base_config()
     assert cfg.rounds == 7 and cfg.val_frac == 0.1  # val selection gets a validation split
@@ -154,3 +154,42 @@ def test_a_space_names_a_shared_setting_and_overrides_it(tmp_path):
         UserError, match="unknown setting 'fmnist'; name one of pfllib-fmnist-dir0.1, fedpac-fmnist-pac20"
     ):
         load_space(p, "fedavg")
+
+
+def test_a_stopping_rule_registered_in_stopping_py_alone_is_read_from_a_space_file_and_stops_the_search(tmp_path):
+    """The map's promise (docs/architecture.md): a stopping rule touches tuner/sweep/stopping.py alone. A toy rule,
+    registered there only, is a key of a space file's `stop:`, refused where not positive, and built into the search
+    stage's stopper; a configuration's reruns go without it where it bounds the search alone."""
+    from ray.tune.stopper import Stopper
+
+    from tuner.sweep import stopping
+    from tuner.sweep.stages import search_stage, seeds_stage
+
+    class After(Stopper):
+        def __init__(self, rounds: int):
+            self.rounds = rounds
+
+        def __call__(self, trial_id, result):
+            return result["round"] >= self.rounds
+
+        def stop_all(self):
+            return False
+
+    toy = stopping.StoppingRule("after", "stop every trial after this many rounds", lambda n, _: After(n), True)
+    space_file = write(tmp_path, "settings: {dataset: digits, rounds: 5}\nsearch:\n  lr: {loguniform: [0.001, 0.1]}\n")
+    with_rule = space_file.with_name("with.yaml")
+    with_rule.write_text(space_file.read_text() + "stop: {after: 2}\n")
+    with pytest.raises(UserError, match=r"stop\.after is unknown; stop may hold grace, patience, max_total_rounds"):
+        load_space(with_rule, "fedavg")
+    stopping.STOPPING_RULES["after"] = toy
+    try:
+        space = load_space(with_rule, "fedavg")
+        assert space.stop.rules == {"after": 2}
+        built = search_stage(space, tmp_path / "sweep", None, restoring=True).stopper
+        assert built("t", {"round": 2}) and not built("t", {"round": 1})  # the toy rule's, at its value
+        assert seeds_stage(space, {}, 2, False).stopper is None  # it bounds the search alone
+        with_rule.write_text(space_file.read_text() + "stop: {after: 0}\n")
+        with pytest.raises(UserError, match="after"):
+            load_space(with_rule, "fedavg")
+    finally:
+        del stopping.STOPPING_RULES["after"]

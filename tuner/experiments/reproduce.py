@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner.errors import UserError
 from tuner.settings import papers
 from tuner.settings.config import absolute_settings
+from tuner.sweep.cluster import Resources
 
 ROSTER = "roster"  # every method and variant at one data setting: no published numbers, a comparison of our own
 
@@ -43,7 +44,8 @@ def cells(
     paper_name, table_name = papers.TABLES[table].paper, papers.TABLES[table].name
     published = papers.load_tables()
     rows = published[(published["paper"] == paper_name) & (published["table"] == table_name)]
-    skipped, available = [], {}
+    skipped: list[str] = []
+    local: dict[str, bool | str] = {}  # each dataset: here, or why not
     out = []
     for r in rows.itertuples(index=False):
         dataset = papers.DATASET_NAMES[r.dataset]
@@ -55,11 +57,11 @@ def cells(
         wanted = own + ([method] if method is not None and (not methods or method in methods) else [])
         if not wanted:
             continue
-        if dataset not in available:
-            available[dataset] = _available(dataset, data_dir)
-            if available[dataset] is not True:
-                skipped.append(f"{r.dataset}: {available[dataset]}")
-        if available[dataset] is not True:
+        if dataset not in local:
+            local[dataset] = _available(dataset, data_dir)
+            if local[dataset] is not True:
+                skipped.append(f"{r.dataset}: {local[dataset]}")
+        if local[dataset] is not True:
             continue
         setting = {
             "dataset": dataset,
@@ -95,12 +97,12 @@ def _available(dataset: str, data_dir: str | None) -> bool | str:
 def reproduce(
     table: str,
     storage: Path,
-    res,
+    res: Resources,
     *,
     seeds: int,
     rounds: int | None,
-    datasets=None,
-    methods=None,
+    datasets: list[str] | None = None,
+    methods: list[str] | None = None,
     patience: int | None = None,
     settings: dict | None = None,
     vary_partition: bool = False,
@@ -124,7 +126,7 @@ def reproduce(
         rounds=rounds,
         select="test",
         param_space={"cell": tune.grid_search(todo), **seed_grid(list(range(seeds)), vary_partition)},
-        stopper=stoppers(patience, None),
+        stopper=stoppers({"patience": patience} if patience else {}, search=False),
         expected=len(todo) * seeds,
         sharing=seeds,  # a cell's seeds run its programs; another cell's method compiles its own
         record={"table": table, "paper": papers.TABLES[table].paper if table in papers.TABLES else None},

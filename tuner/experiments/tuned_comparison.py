@@ -20,7 +20,9 @@ files (tuner/settings/tuned_files.py) once their seeds are in.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -32,7 +34,11 @@ from tuner.report.runs import NOT_CONFIGURATION
 from tuner.settings.config import absolute_settings, resolve_layers
 from tuner.settings.tuned_files import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
 from tuner.sweep.cells import cell_key
+from tuner.sweep.cluster import Resources
 from tuner.sweep.runner import Stage, holding, run_stage
+
+if TYPE_CHECKING:
+    from tuner.sweep.space import Space
 
 DEFAULTS_STAGE = "defaults"
 VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
@@ -53,7 +59,7 @@ def space_file(method: str, space_dir: Path) -> Path:
     )
 
 
-def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict):
+def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict) -> Space:
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
     selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
     from tuner.sweep.space import load_space
@@ -79,13 +85,13 @@ def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict)
 def reproduce_tuned(
     table: str,
     storage: Path,
-    res,
+    res: Resources,
     *,
     trials: int,
     seeds: int,
     rounds: int | None,
-    datasets=None,
-    methods=None,
+    datasets: list[str] | None = None,
+    methods: list[str] | None = None,
     space_dir: Path,
     sampler: str = "tpe",
     grace: int | None = None,
@@ -148,14 +154,14 @@ class Record:
     """comparison.yaml as the comparison goes: what was asked, the stages done, each cell's best as its search found
     it, the wall time (over every command that ran it) and the trial slots, written as each stage ends."""
 
-    def __init__(self, path: Path, asked: dict, earlier: dict, slots: int):
+    def __init__(self, path: Path, asked: dict, earlier: dict, slots: int) -> None:
         self.path, self.asked, self.slots = path, asked, slots
         self.wall, self.t0 = float(earlier.get("wall_s", 0.0)), time.monotonic()
         self.done: list[str] = list(earlier.get("done", []))
         self.found: dict[str, dict] = dict(earlier.get("best", {}))
 
     @classmethod
-    def resumed(cls, path: Path, asked: dict, res) -> Record:
+    def resumed(cls, path: Path, asked: dict, res: Resources) -> Record:
         """The record a stopped comparison left, refused where it asked for other settings; Ray started, its slots
         counted."""
         import ray
@@ -194,7 +200,7 @@ def tune_can_restore(path: Path) -> bool:
     return tune.Tuner.can_restore(str(path))
 
 
-def _stage(asked: dict, name: str, **kwargs) -> Stage:
+def _stage(asked: dict, name: str, **kwargs: Any) -> Stage:
     """A stage of the comparison: its settings, selection by validation, patience, the table and what was asked."""
     from tuner.sweep.stopping import stoppers
 
@@ -202,7 +208,7 @@ def _stage(asked: dict, name: str, **kwargs) -> Stage:
         name=name,
         base=asked["settings"],
         rounds=asked["rounds"],
-        stopper=stoppers(asked["patience"], None),
+        stopper=stoppers({"patience": asked["patience"]} if asked["patience"] else {}, search=False),
         record={"table": asked["table"], "comparison": asked},
         **kwargs,
     )
@@ -253,12 +259,12 @@ def search_stage(asked: dict, todo: list[dict], spaces: dict) -> Stage:
     )
 
 
-def best_by_cell(grid, spaces: dict, search: Path) -> dict[str, dict]:
+def best_by_cell(grid: Iterable[Any], spaces: dict, search: Path) -> dict[str, dict]:
     """Each cell's best trial by validation (the earlier trial of equals), or why it has none."""
     from tuner.selection import best_of, started, trial_score
 
     searched = [r for r in grid if r.metrics]
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for key in spaces:
         mine = [r for r in searched if cell_key(r.config["cell"]) == key]
         best = best_of(mine, lambda r: trial_score(r.metrics, "val"), lambda r: started(r.path))
@@ -289,7 +295,9 @@ def seeds_stage(asked: dict, tuned: list[dict]) -> Stage:
     )
 
 
-def write_tuned_cell(cell: dict, best: dict, grid, asked: dict, source: Path, top: Path, tuned_dir: Path) -> None:
+def write_tuned_cell(
+    cell: dict, best: dict, grid: Iterable[Any], asked: dict, source: Path, top: Path, tuned_dir: Path
+) -> None:
     """The cell's tuned settings file, with where they came from and what its seeds scored."""
     common = asked["settings"]
     cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])

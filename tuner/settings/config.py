@@ -261,7 +261,7 @@ class RunPlan(RunConfig):
     split: PartitionSetting = PartitionSetting("iid", None)
     join: tuple[float, float] = (1.0, 1.0)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not _PLANNING.get():
             raise TypeError("A RunPlan is made by RunConfig.resolved(); change its settings() and resolve them.")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -168,7 +169,7 @@ def load_tables(path: Path = PUBLISHED) -> pd.DataFrame:
     return paper
 
 
-def join_ratio_label(text) -> str:
+def join_ratio_label(text: object) -> str:
     return "-".join(f"{float(x):g}" for x in str(text).split("-"))
 
 
@@ -176,16 +177,16 @@ def is_main(paper: str, table: str) -> bool:
     return any(t.main for t in TABLES.values() if (t.paper, t.name) == (paper, table))
 
 
-def cell_of(dataset: str, partition: str, backbone: str, clients: int, join_ratio) -> dict | None:
+def cell_of(dataset: str, partition: str, backbone: str, clients: int, join_ratio: object) -> dict | None:
     """The paper-table coordinates of a run's data setting, or None for a setting no paper reports."""
     label = DATASET_LABELS.get(dataset)
     kind, value = parse_partition(partition)
     if kind == "pat":
-        if PATHOLOGICAL_CLASSES.get(label) != value:
+        if PATHOLOGICAL_CLASSES.get(label or "") != value:
             return None
         setting, beta = "pathological", math.nan
     elif kind == "dir":
-        setting, beta = "practical", float(value)
+        setting, beta = "practical", float(value or 0)
     elif kind == "pac":
         setting, beta = f"dominant_s{value:g}", math.nan
     else:
@@ -200,7 +201,7 @@ def cell_of(dataset: str, partition: str, backbone: str, clients: int, join_rati
     }
 
 
-def partition_of(row) -> str:
+def partition_of(row: Any) -> str:
     """The partition argument of a published row's setting (the inverse of `cell_of`)."""
     if row.kind == "pathological":
         return f"pat:{PATHOLOGICAL_CLASSES[row.dataset]}"

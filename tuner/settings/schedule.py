@@ -94,5 +94,5 @@ def settings_at(schedule: pd.DataFrame, round_: int) -> dict[str, Any]:
     return {name: _plain(value) for name, value in row.items()}
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value

@@ -35,6 +35,7 @@ from tuner.plugins import canonical, method_class
 from tuner.selection import FIGURES
 from tuner.settings.config import RunConfig, absolute_settings, resolve_layers
 from tuner.sweep.schedulers import Population, read_scheduler
+from tuner.sweep.stopping import STOPPING_RULES
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
 SAMPLERS = {
@@ -58,14 +59,17 @@ TOP_KEYS = (
     "stop",
     "scheduler",
 )
-STOP_KEYS = ("grace", "patience", "max_total_rounds")
+
+
+def stop_keys() -> tuple[str, ...]:
+    """What a space file's `stop:` may hold: ASHA's grace and every registered stopping rule."""
+    return ("grace", *STOPPING_RULES)
 
 
 @dataclass
 class Stopping:
-    grace: int | None = None  # ASHA grace period in rounds; None: no ASHA
-    patience: int | None = None  # stop a trial whose best round is more than this many rounds old
-    max_total_rounds: int | None = None  # end the whole sweep after this many rounds over all trials
+    grace: int | None = None  # ASHA grace period in rounds (the scheduler's); None: no ASHA
+    rules: dict[str, int] = field(default_factory=dict)  # the stopping rules named, by key (STOPPING_RULES)
 
 
 @dataclass
@@ -148,7 +152,9 @@ def load_space(
     typed = {key for key, value in (overrides or {}).items() if value is not None}
 
     def named(key: str) -> str:  # a value is blamed where it was typed: the command line, or the file
-        return f"--{key.replace('_', '-')}" if key in typed else f"{where}: {'stop.' if key in STOP_KEYS else ''}{key}"
+        return (
+            f"--{key.replace('_', '-')}" if key in typed else f"{where}: {'stop.' if key in stop_keys() else ''}{key}"
+        )
 
     _override(data, overrides or {})
     search_names = set(_mapping(data.get("search"), where, "search"))
@@ -197,7 +203,7 @@ def _override(data: dict[str, Any], overrides: dict[str, Any]) -> None:
             continue
         if key == "scheduler" and isinstance(data.get("scheduler"), dict):
             data["scheduler"] = {**data["scheduler"], "kind": value}
-        elif key in STOP_KEYS:
+        elif key in stop_keys():
             data["stop"] = {**(data.get("stop") or {}), key: value}
         else:
             data[key] = value
@@ -305,11 +311,12 @@ def _probe_values(dist: optuna.distributions.BaseDistribution) -> list:
 def _stopping(value: Any, where: str, named) -> Stopping:
     spec = _mapping(value, where, "stop")
     for key, v in spec.items():
-        if key not in STOP_KEYS:
-            raise UserError(f"{where}: stop.{key} is unknown; stop may hold {', '.join(STOP_KEYS)}.")
+        if key not in stop_keys():
+            raise UserError(f"{where}: stop.{key} is unknown; stop may hold {', '.join(stop_keys())}.")
         if v is not None:
             _positive(v, named(key))
-    return Stopping(**spec)
+    rules = {key: v for key, v in spec.items() if key != "grace" and v is not None}
+    return Stopping(grace=spec.get("grace"), rules=rules)
 
 
 def _check(space: Space, rounds: int, named, samples_given: bool) -> None:

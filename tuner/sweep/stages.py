@@ -89,10 +89,10 @@ def search_stage(space: Space, folder: Path, study_db: Path | None, restoring: b
         param_space={n: tune_domain(d) for n, d in space.search.items()} if kind.hands_states else {},
         searcher=searcher,
         scheduler=kind.build(space, cfg.rounds),
-        stopper=stoppers(space.stop.patience, space.stop.max_total_rounds, folder / "search"),
+        stopper=stoppers(space.stop.rules, folder / "search"),
         samples=space.samples,
         report_every=space.report_every,
-        budget=space.stop.max_total_rounds,
+        budget=space.stop.rules.get("max_total_rounds"),
         keep_checkpoints=4 if kind.hands_states else 2,
         record={  # the report's axes
             "method": space.method,
@@ -113,7 +113,7 @@ def seeds_stage(space: Space, best: dict, seeds: int, vary_partition: bool) -> S
         rounds=cfg.rounds,
         select=space.select,
         param_space={**best, **seed_grid(list(range(cfg.seed + 1, cfg.seed + 1 + seeds)), vary_partition)},
-        stopper=stoppers(space.stop.patience, None),
+        stopper=stoppers(space.stop.rules, search=False),
         expected=seeds,
         report_every=space.report_every,
         record={"method": space.method, "best_of": "search"},
@@ -149,7 +149,7 @@ def searched(space: Space, folder: Path, grid) -> tuple[dict, object]:
             for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")
         },
     }
-    spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.max_total_rounds
+    spent, budget = sum((r.metrics or {}).get("round", 0) for r in grid), space.stop.rules.get("max_total_rounds")
     if budget and spent >= budget:  # trials stopped short by the budget: said, not left to look like early stopping
         summary["ended_by"] = f"the round budget: {spent} rounds over all trials reached max_total_rounds {budget}"
     if refusal:

@@ -3,6 +3,8 @@ whole sweep, and failures that a retry would only meet again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ray.tune import Callback
@@ -53,11 +55,41 @@ class RoundBudget(Stopper):
                 self.rounds.setdefault(rows["trial_id"].iloc[-1], int(rows["round"].iloc[-1]))
 
 
-def stoppers(patience: int | None, max_total_rounds: int | None, experiment: Path | None = None) -> Stopper | None:
-    rules = ([Patience(patience)] if patience else []) + (
-        [RoundBudget(max_total_rounds, experiment)] if max_total_rounds else []
+@dataclass(frozen=True)
+class StoppingRule:
+    """A rule a space file's `stop:` may name beside ASHA's grace (the scheduler's): what it stops, and the Tune
+    stopper its value builds, given the stage's folder (a rule may count what ran there before a resume).
+    `search_only`: it bounds a search, and the reruns of a chosen configuration (seeds, a reproduction) go
+    without it."""
+
+    key: str
+    help: str
+    build: Callable[[int, Path | None], Stopper]
+    search_only: bool = False
+
+
+STOPPING_RULES = {
+    rule.key: rule
+    for rule in (
+        StoppingRule(
+            "patience", "stop a trial whose best round is more than this many rounds old", lambda n, _: Patience(n)
+        ),
+        StoppingRule(
+            "max_total_rounds", "end the search after this many rounds over all trials", RoundBudget, search_only=True
+        ),
     )
-    return CombinedStopper(*rules) if rules else None
+}
+
+
+def stoppers(rules: dict[str, int], experiment: Path | None = None, search: bool = True) -> Stopper | None:
+    """Tune's stopper for the rules named with their values (a stage's folder where one counts what ran there);
+    `search`: False for reruns of a chosen configuration, which go without the search's own bounds."""
+    built = [
+        STOPPING_RULES[key].build(value, experiment)
+        for key, value in rules.items()
+        if value and (search or not STOPPING_RULES[key].search_only)
+    ]
+    return CombinedStopper(*built) if built else None
 
 
 class FinalFailures(Callback):

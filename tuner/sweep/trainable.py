@@ -89,23 +89,26 @@ def federated_trial(
             if checkpoint_due or sim.round % report_every == 0:
                 report(checkpointed=checkpoint_due)
     except UserError as e:  # recorded as the trial's failure, with its kind; the sweep goes on
-        # Out of memory may be a neighbour's on a shared GPU, so it is retried; a divergence recurs from any
-        # checkpoint (the run is seeded and resumes exactly), and a setting the run refuses is refused again.
-        history, at = (sim.history, sim.round + 1) if sim else ([], 0)
-        kind = (
-            "out of memory" if isinstance(e, OutOfMemory) else "diverged" if isinstance(e, DivergedError) else "refused"
-        )
-        tune.report(
-            {
-                **placement,
-                **selection(history, select),
-                "round": at,
-                "failed": str(e),
-                "failed_kind": kind,
-                "retry": kind == "out of memory",
-            }
-        )
+        report_failure(e, sim, placement, select)
         raise
+
+
+def report_failure(e: UserError, sim, placement: dict, select: str) -> None:
+    """A trial's failure reported with its kind. Out of memory may be a neighbour's on a shared GPU, so it is
+    retried; a divergence recurs from any checkpoint (the run is seeded and resumes exactly), and a setting the run
+    refuses is refused again."""
+    history, at = (sim.history, sim.round + 1) if sim else ([], 0)
+    kind = "out of memory" if isinstance(e, OutOfMemory) else "diverged" if isinstance(e, DivergedError) else "refused"
+    tune.report(
+        {
+            **placement,
+            **selection(history, select),
+            "round": at,
+            "failed": str(e),
+            "failed_kind": kind,
+            "retry": kind == "out of memory",
+        }
+    )
 
 
 def restore(sim, checkpoint) -> list[dict]:
