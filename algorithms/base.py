@@ -94,7 +94,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -126,25 +126,25 @@ class NoHparams:
 TRAINING_INPUTS = ("lr", "momentum", "weight_decay")  # the run's numbers that a training step reads
 
 
-def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dtype) -> None:
+def hyperparameter_inputs(method: Method, device: torch.device, dtype: torch.dtype) -> Method:
     """Every float hyperparameter of the method (its Hparams' float fields, and the run's lr, momentum and
     weight decay) becomes a 0-dim tensor of the run's float type on its device, so a compiled program reads
     it as an input, never as a constant: one program serves every trial of a sweep
     (docs/engine.md, "What recompiles"). A zero stays the number 0.0: a term switched off is a program of its own
     (is_on), and a
     method may branch on it. Ints, bools and strings (epochs, k, switches) stay static. The engine calls
-    this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it."""
+    this once for a run; a method reads `self.hp.lam` as before and never calls float() or bool() on it.
+    Returns a copy of the method that reads them; the method and its hyperparameters handed in stay as they were."""
 
     def tensors(values: Any, names: Iterable[str]) -> Any:
-        out = copy.copy(values)
-        for name in names:
-            v = getattr(values, name)
-            if type(v) is float and v != 0:
-                object.__setattr__(out, name, torch.tensor(v, dtype=dtype, device=device))  # Hparams may be frozen
-        return out
+        numbers = {name: getattr(values, name) for name in names}
+        inputs = {n: torch.tensor(v, dtype=dtype, device=device) for n, v in numbers.items() if type(v) is float and v}
+        return replace(values, **inputs)
 
-    method.hp = tensors(method.hp, [f.name for f in fields(method.hp)])
-    method.training = tensors(method.training, TRAINING_INPUTS)
+    out = copy.copy(method)
+    out.hp = tensors(method.hp, [f.name for f in fields(method.hp)])
+    out.training = tensors(method.training, TRAINING_INPUTS)
+    return out
 
 
 class Method:

@@ -396,6 +396,15 @@ def test_a_runs_nonzero_floats_are_tensor_inputs_and_zeros_ints_and_switches_sta
     assert hp.lam == 0.0 and type(hp.lam) is float and hp.pci is True  # zero switches L_mlg off statically
     assert isinstance(training.lr, torch.Tensor) and training.lr.item() == 0.05 and training.momentum == 0.0
     assert type(training.batch_size) is int and type(training.rounds) is int
+    # the simulation reads a copy: the method and the frozen hyperparameters it was handed stay as they were
+    from tuner.engine.simulation import Simulation
+    from tuner.federated_run import build_method
+
+    plan = digits("gpfl", dtype="float64", hparams=dict(lam=0.0, mu=0.3)).resolved()
+    method = build_method(plan, sim.data)
+    again = Simulation(method, sim.data, sim.settings)
+    assert type(method.hp.mu) is float and type(method.training.lr) is float
+    assert isinstance(again.method.hp.mu, torch.Tensor) and again.method is not method
 
 
 # the first program to fail: a statistics pass's, a training step's

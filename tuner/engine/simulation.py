@@ -59,12 +59,12 @@ class Simulation:
     def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
         if method.holdout:
             data = data.hold_out(method.holdout)
-        self.method, self.data, self.settings = method, data, settings
-        self.executor = make_executor(settings.executor, method, data, settings)
         model = method.net.initial_state()
         n = data.num_clients
         dtype = next(v.dtype for v in model.values() if v.is_floating_point())
-        hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
+        method = hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
+        self.method, self.data, self.settings = method, data, settings
+        self.executor = make_executor(settings.executor, method, data, settings)
         # method modules are float32
         as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731
         self.server = as_model(method.init_server(model))
