@@ -15,9 +15,8 @@ What is mixed (`mix`):
   α f(x; v) + (1 − α) f(x; w), in training (w detached) and in prediction (MLOPTPSU/FedTorch,
   comms/utils/eval.py inference_personal; FL-bench's APFL does the same). FedPAC's Table 1 row runs
   this form (tuner/settings/papers.py RELABELLED): FedPAC tunes a fixed α, as FedTorch's non-adaptive mode
-  takes it, and on FedPAC's split this form starts lower but climbs faster, passing the paper's
-  form by round 25 (85.17 against 84.78 at round 30; the paper's form reached 87.28 by round 160,
-  2.2 under the published 89.45): docs/reproduction.md, "The last deviations, measured".
+  takes it, and on FedPAC's split this form starts lower but climbs faster and passes the paper's
+  form (the curves and figures: docs/reproduction.md, "The last deviations, measured").
   That FedPAC's row ran this form is our inference, not a fact: FedPAC's repository has no APFL; FedPAC
   cites the authors' code, and this form tracks its published figure, the paper's form does not.
 Differences from FedTorch, kept and why:

@@ -22,9 +22,8 @@ trained them) just before the received ones overwrite them ("gpfl.cond_gce"), in
 trains on zero conditional inputs: PFLlib's client starts them at zeros (clientgpfl.py __init__) and
 set_GCE first runs after round 1's aggregation (servergpfl.py train). One client step (loss and every
 gradient) equals PFLlib's clientgpfl.train to rounding in float64 (tests/test_methods.py). On PFLlib's own
-Fashion-MNIST Dir(0.1) folder, 20 rounds (docs/reproduction.md, "Against PFLlib itself"): the mean of two
-seeds of ours is within 1.6 points of the mean of three PFLlib runs in every round from 4 to 20 (93.56 against
-93.57 at 20), and inside PFLlib's own spread (6 to 14 points) in rounds 1-3. Left as PFLlib has them: its label
+Fashion-MNIST Dir(0.1) folder our curve follows PFLlib's within its own spread (the figures: docs/reproduction.md,
+"Against PFLlib itself"). Left as PFLlib has them: its label
 frequencies α_i count a drop_last loader's samples (here every sample).
 """
 

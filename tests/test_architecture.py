@@ -61,6 +61,18 @@ def test_no_function_is_longer_than_80_lines_but_a_commands_option_list():
     assert not long, long
 
 
+def test_a_methods_docstring_states_no_measured_accuracy():
+    """Measured results live in the pages that a test holds to committed runs (docs/reproduction.md,
+    docs/methods.md); a method's docstring points there, since a figure written in code is held by nothing."""
+    figures = {
+        name: found
+        for name, path in modules().items()
+        if name.startswith("algorithms.")
+        and (found := re.findall(r"\b\d{2}\.\d{2}\b", ast.get_docstring(ast.parse(path.read_text())) or ""))
+    }
+    assert not figures, figures
+
+
 def test_no_test_file_is_longer_than_700_lines():
     """Tests split by concern: a file a reader can hold, one subject each."""
     long = {p.name: n for p in (ROOT / "tests").glob("*.py") if (n := len(p.read_text().splitlines())) > 700}
