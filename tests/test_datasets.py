@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from written_data import rng, write_idx, write_image, write_mnist_like
@@ -146,3 +147,25 @@ def test_missing_data_names_the_path(tmp_path):
             load_dataset(name, tmp_path, download=False)
     with pytest.raises(UserError, match="Unknown dataset"):
         load_dataset("imagenet")
+
+
+def test_a_dataset_registered_in_loaders_alone_runs_and_the_help_lists_the_registry(tmp_path, monkeypatch):
+    """The map's promise (docs/architecture.md): a built-in dataset touches tuner/data/datasets.py alone. A toy
+    loader added to LOADERS there, and nowhere else, is a dataset `tuner run` takes, under the papers' defaults."""
+    from cli_runs import invoke
+
+    from tuner.cli.common import DATA_EPILOG
+    from tuner.data import datasets
+    from tuner.data.dataset import Dataset
+
+    def load_toy(data_dir, download):
+        g = torch.Generator().manual_seed(0)
+        x = (torch.rand(480, 1, 28, 28, generator=g) * 255).to(torch.uint8)
+        return Dataset("toy", x, torch.randint(0, 4, (480,), generator=g), 4, "image")
+
+    monkeypatch.setitem(datasets.LOADERS, "toy", load_toy)
+    toy = ["--dataset", "toy", "--partition", "iid", "--clients", "4", "--rounds", "1"]
+    res = invoke("run", "fedavg", *toy, "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    assert pd.read_parquet(tmp_path / "run" / "metrics.parquet")["round"].tolist() == [1]
+    assert all(name in DATA_EPILOG for name in datasets.LOADERS if name != "toy")  # the help names every one

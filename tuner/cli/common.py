@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tuner.data.datasets import LOADERS
 from tuner.errors import UserError
 from tuner.files import load_yaml, user_path
 from tuner.settings.config import RunConfig, parse_set, resolve_layers
@@ -73,7 +74,7 @@ METHOD_HELP = "A method or variant (`tuner methods`), or your own as path/to/fil
 DATASET_HELP = "A built-in dataset or your own data's path (below) [default: fmnist]."
 PARTITION_HELP = "iid, pat:N, dir:BETA, pac:S or natural (below) [default: dir:0.1]."
 DATA_EPILOG = (
-    "Datasets: fmnist, digits, mnist, emnist, cifar10, cifar100, tinyimagenet, cinic10, agnews, har; your own: a "
+    f"Datasets: {', '.join(LOADERS)}; your own: a "
     ".parquet or .npz file (x, y, optionally client and split) or PFLlib's train/ and test/ folders "
     "(docs/own_code.md). Partitions: iid; pat:N, N classes a client; dir:BETA, Dirichlet; pac:S, FedPAC's S % "
     "uniform; natural, your data's own clients."
