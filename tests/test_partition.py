@@ -153,3 +153,28 @@ def test_trials_that_cache_one_partition_together_never_trip_over_each_other(tmp
     whole = P._load(path, 20)
     assert sum(map(len, whole.train)) + sum(map(len, whole.test)) == len(LABELS)
     assert not list(tmp_path.glob("*.tmp*"))  # no temporary file left behind
+
+
+def test_a_partition_kind_registered_in_partition_py_alone_runs_and_is_refused_out_of_range(tmp_path, monkeypatch):
+    """The map's promise (docs/architecture.md): a partition touches tuner/data/partition.py alone. A toy kind,
+    `sorted:N` (the samples in label order, dealt out in N-sample blocks, client after client), registered in
+    PARTITIONS and nowhere else, is taken by `tuner run`, checked against its range, and split as it says."""
+    from cli_runs import invoke
+
+    from tuner.data import partition as partitions
+
+    def sorted_blocks(labels, num_classes, spec, rng):
+        order, block = np.argsort(labels, kind="stable"), int(spec.value)
+        return [order[i * block : (i + 1) * block] for i in range(spec.clients)]
+
+    kind = partitions.PartitionKind("sorted:N", "a block size of at least 10", lambda v: v >= 10, sorted_blocks)
+    monkeypatch.setitem(partitions.PARTITIONS, "sorted", kind)
+    run = ["--dataset", "digits", "--clients", "4", "--rounds", "1", "--set", "backbone=mlp"]
+    res = invoke("run", "fedavg", "--partition", "sorted:100", *run, "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    refused = invoke("run", "fedavg", "--partition", "sorted:5", *run, "--out", tmp_path / "small")
+    assert refused.exit_code == 2 and "sorted's value must be a block size of at least 10, not 5" in refused.output
+    split = partitions.partition(np.repeat(np.arange(10), 40), 10, PartitionSpec("sorted", 100, clients=4, seed=0))
+    assert [len(t) + len(e) for t, e in zip(split.train, split.test, strict=True)] == [100] * 4
+    first = np.concatenate([split.train[0], split.test[0]])
+    assert set(np.repeat(np.arange(10), 40)[first]) == {0, 1, 2}  # the first block: the lowest labels

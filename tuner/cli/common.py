@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tuner.data.datasets import LOADERS
+from tuner.data.partition import PARTITIONS
 from tuner.errors import UserError
 from tuner.files import load_yaml, user_path
 from tuner.settings.config import RunConfig, parse_set, resolve_layers
@@ -72,12 +73,11 @@ def absolute(value):
 # Option help is one line, written once; a command's epilog (after its options in --help) and docs/ say the rest.
 METHOD_HELP = "A method or variant (`tuner methods`), or your own as path/to/file.py:ClassName."
 DATASET_HELP = "A built-in dataset or your own data's path (below) [default: fmnist]."
-PARTITION_HELP = "iid, pat:N, dir:BETA, pac:S or natural (below) [default: dir:0.1]."
+PARTITION_HELP = f"{', '.join(k.help.split(' (')[0] for k in PARTITIONS.values())} (below) [default: dir:0.1]."
 DATA_EPILOG = (
-    f"Datasets: {', '.join(LOADERS)}; your own: a "
-    ".parquet or .npz file (x, y, optionally client and split) or PFLlib's train/ and test/ folders "
-    "(docs/own_code.md). Partitions: iid; pat:N, N classes a client; dir:BETA, Dirichlet; pac:S, FedPAC's S % "
-    "uniform; natural, your data's own clients."
+    f"Datasets: {', '.join(LOADERS)}; your own: a .parquet or .npz file (x, y, optionally client and split) or "
+    "PFLlib's train/ and test/ folders (docs/own_code.md). "
+    f"Partitions: {'; '.join(k.help for k in PARTITIONS.values())}."
 )
 GPUS_HELP = (
     "GPUs a trial, fractional to share one [default: 0.5 where the cluster has GPUs (docs/performance.md), else 0]."

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -46,37 +47,28 @@ class PartitionSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-RANGES = {
-    "pat": "a whole number of classes per client, at least 1",
-    "dir": "a Dirichlet concentration above 0",
-    "pac": "the uniform share in %, from 0 to 100",
-}
-
-
 class PartitionSetting(NamedTuple):
-    """A partition setting as parsed: its kind and its number (None for iid and natural)."""
+    """A partition setting as parsed: its kind and its number (None for a kind that takes none)."""
 
     kind: str
     value: float | None
 
 
 def parse_partition(text: str) -> PartitionSetting:
-    """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None)."""
+    """'dir:0.1' -> ('dir', 0.1); 'iid' -> ('iid', None); checked against the kind's range (PARTITIONS)."""
     kind, _, value = text.partition(":")
-    if kind in ("iid", "natural") and not value:
+    known = PARTITIONS.get(kind)
+    if known is not None and known.value is None and not value:
         return PartitionSetting(kind, None)
-    if kind in RANGES and value:
+    if known is not None and known.value is not None and value:
         try:
             v = float(value)
         except ValueError:
             v = math.nan
-        if {"pat": v >= 1 and v.is_integer(), "dir": v > 0, "pac": 0 <= v <= 100}[kind]:
+        if not math.isnan(v) and known.valid(v):
             return PartitionSetting(kind, v)
-        raise UserError(f"Partition '{text}': {kind}'s value must be {RANGES[kind]}, not {value}.")
-    raise UserError(
-        f"Partition '{text}' is not understood; write iid, pat:N (N classes per client), dir:BETA (BETA > 0), "
-        "pac:S (S % uniform, 0-100) or natural (your data's own clients)."
-    )
+        raise UserError(f"Partition '{text}': {kind}'s value must be {known.value}, not {value}.")
+    raise UserError(f"Partition '{text}' is not understood; write {', '.join(k.help for k in PARTITIONS.values())}.")
 
 
 @dataclass
@@ -114,15 +106,11 @@ def partition(
         train = [rng.permutation(np.flatnonzero((owners == c) & is_train)) for c in kept]  # validation: a random part
         test = [np.flatnonzero((owners == c) & ~is_train) for c in kept]
     else:
-        if spec.kind == "iid":
-            owned = np.array_split(rng.permutation(len(labels)), spec.clients)
-        elif spec.kind == "natural":
+        if spec.kind == "natural":
             kept = natural_clients(owners, None, spec.train_frac, spec.min_samples)
             owned = [np.flatnonzero(owners == c) for c in kept]
-        elif spec.kind == "pat":
-            owned = _pathological(labels, num_classes, spec, rng)
-        else:
-            owned = _dirichlet(labels, num_classes, spec, rng)
+        else:  # a kind that pools the samples and deals them out
+            owned = PARTITIONS[spec.kind].owned(labels, num_classes, spec, rng)
         if spec.kind != "natural":  # the user's clients are as they are; check_batches says if one cannot train
             _check_sizes(owned, spec)
         train, test = [], []
@@ -161,8 +149,8 @@ def _check_sizes(owned: list[np.ndarray], spec: PartitionSpec) -> None:
             f"Partition {spec.kind}:{spec.value:g} leaves a client with {small} samples (< "
             f"min_samples={spec.min_samples}); use fewer clients or a larger dataset."
             if spec.value is not None
-            else f"Partition iid leaves a client with {small} samples (< min_samples={spec.min_samples}); use fewer "
-            "clients."
+            else f"Partition {spec.kind} leaves a client with {small} samples (< min_samples={spec.min_samples}); "
+            "use fewer clients."
         )
 
 
@@ -216,6 +204,47 @@ def _dirichlet(
         f"Partition dir:{spec.value:g} could not give each of {k} clients {spec.min_samples} samples in "
         f"{max_tries} draws; use a larger beta or fewer clients."
     )
+
+
+def _iid(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """Equal shares of the shuffled samples."""
+    return np.array_split(rng.permutation(len(labels)), spec.clients)
+
+
+Owned = Callable[[np.ndarray, int, PartitionSpec, np.random.Generator], list[np.ndarray]]
+
+
+def _no_pool(labels: np.ndarray, num_classes: int, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    raise AssertionError(f"partition {spec.kind} splits its own way, not by dealing out pooled samples")
+
+
+@dataclass(frozen=True)
+class PartitionKind:
+    """A partition `--partition` takes, as KIND or KIND:VALUE: how the help and a refusal name it, what its value
+    must be (None: it takes none) and whether a value is in range, and each client's samples dealt out of the
+    pooled ones (`owned`; each client's then split into train and test). FedPAC's `pac` and the data's own
+    clients (`natural`) split their own way (`partition`)."""
+
+    help: str
+    value: str | None = None
+    valid: Callable[[float], bool] = lambda v: True
+    owned: Owned = _no_pool
+
+
+PARTITIONS: dict[str, PartitionKind] = {
+    "iid": PartitionKind("iid", owned=_iid),
+    "pat": PartitionKind(
+        "pat:N (N classes per client)",
+        "a whole number of classes per client, at least 1",
+        lambda v: v >= 1 and v.is_integer(),
+        _pathological,
+    ),
+    "dir": PartitionKind("dir:BETA (BETA > 0)", "a Dirichlet concentration above 0", lambda v: v > 0, _dirichlet),
+    "pac": PartitionKind(
+        "pac:S (S % uniform, 0-100)", "the uniform share in %, from 0 to 100", lambda v: 0 <= v <= 100
+    ),
+    "natural": PartitionKind("natural (your data's own clients)"),
+}
 
 
 def pac_dominant_classes(num_classes: int, groups: int, pac_groups: list[list[int]] | None) -> list[list[int]]:
