@@ -31,12 +31,12 @@ class CellSearches(Searcher):
         self.suggested = dict.fromkeys(searches, 0)
         self.owner: dict[str, str] = {}  # trial id -> its cell
 
-    def suggest(self, trial_id: str):
+    def suggest(self, trial_id: str) -> dict | None:
         if INTERRUPTED.is_set():  # the stage is stopping: no new trial (Tune would start one more)
             return None
         open_cells = [k for k in self.searches if self.suggested[k] < self.trials]
         if not open_cells:
-            return Searcher.FINISHED
+            return Searcher.FINISHED  # type: ignore[return-value]  # Tune's word for an ended search
         key = min(open_cells, key=lambda k: self.suggested[k])  # the cell with fewest trials, in the table's order
         config = self.searches[key].suggest(trial_id)
         self.suggested[key] += 1

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from tuner.errors import UserError
 from tuner.sweep.console import quiet
@@ -49,7 +50,7 @@ def check_fits(request: dict[str, float]) -> None:
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if any(n.get("CPU", 0) >= request["cpu"] and n.get("GPU", 0) >= request["gpu"] for n in nodes):
         return
-    largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    largest: dict[str, float] = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
     raise UserError(
         f"No node of the Ray cluster has {request['cpu']:g} CPUs and {request['gpu']:g} GPUs for one trial "
         "(the largest has "
@@ -174,7 +175,7 @@ def _check_reachable(address: str | None) -> None:
         ) from None
 
 
-def _stop_like_ctrl_c(signum, frame):
+def _stop_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (a scheduler's stop) ends a sweep as Ctrl-C does: Ray Tune saves the experiment's state and stops."""
     os.kill(os.getpid(), signal.SIGINT)
 

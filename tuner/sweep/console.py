@@ -7,9 +7,11 @@ import logging
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 from ray.tune import Callback
+from ray.tune.experiment import Trial
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.selection import FIGURES
@@ -54,7 +56,7 @@ class SweepProgress(Callback):
             self.select = "test" if state.get("metric") == "best_acc" else "val"
         self._reset()
 
-    def setup(self, **info):
+    def setup(self, **info: Any) -> None:
         self.counts = stage_counts  # run_stage's, whether Tune made this callback or restored it from the experiment
         self.progress = Progress(
             TextColumn("[bold]trials"),
@@ -81,7 +83,7 @@ class SweepProgress(Callback):
             best=best,
         )
 
-    def on_step_begin(self, iteration, trials, **info):
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         self._count_restored(trials)
 
     def _count_restored(self, trials) -> None:
@@ -99,11 +101,11 @@ class SweepProgress(Callback):
                 self.best = max(self.best, (t.last_result or {}).get(FIGURES[self.select], -math.inf))
         self._show()
 
-    def on_trial_start(self, iteration, trials, trial, **info):
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.running.add(trial.trial_id)
         self._show()
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
         value = result.get(FIGURES[self.select])
         if value is not None and not math.isnan(value):
             self.best = max(self.best, value)
@@ -112,7 +114,7 @@ class SweepProgress(Callback):
             self._count_done(trial, result["round"])
         self._show()
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.running.discard(trial.trial_id)
         self._count_done(trial, (trial.last_result or {}).get("round", self.rounds))
         self._show()
@@ -123,7 +125,7 @@ class SweepProgress(Callback):
             self.counts["done"] += 1
             self.counts["early"] += last_round < self.rounds
 
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.running.discard(trial.trial_id)
         if trial.trial_id in self.ended:  # it failed after its last round: failed, not done
             self.ended.discard(trial.trial_id)
@@ -137,6 +139,6 @@ class SweepProgress(Callback):
         self.progress.console.print(f"[yellow]trial {trial.trial_id} failed:[/] {reason}", highlight=False)
         self._show()
 
-    def on_experiment_end(self, trials, **info):
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self._count_restored(trials)
         self.progress.stop()

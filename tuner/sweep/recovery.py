@@ -14,8 +14,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from ray.tune import Callback
+from ray.tune.experiment import Trial
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.search.optuna import OptunaSearch
 
@@ -36,16 +39,18 @@ class StorageWatch(Callback):
     def __init__(self, reserve: Path):
         self.reserve = reserve
 
-    def on_trial_recover(self, iteration, trials, trial, **info):
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._check(trial)
 
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._check(trial)
 
-    def _check(self, trial) -> None:
+    def _check(self, trial: Trial) -> None:
         if str(self.reserve) in storage_failures:
             return
-        checkpoints = sorted(Path(trial.path).glob("checkpoint_*"))  # room for one more checkpoint, or 1 MiB
+        checkpoints = sorted(
+            Path(trial.path or self.reserve.parent).glob("checkpoint_*")
+        )  # room for one more checkpoint, or 1 MiB
         room = max(
             2**20, sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0
         )
@@ -66,8 +71,8 @@ class _KeepsWrittenRows:
     lost every row since the last save: a population trial that trained 40 rounds, reporting each, was left with 21.
     Here the storage's file is taken only where the stage has none of its own."""
 
-    def _restore_from_remote(self, file_name: str, trial) -> None:
-        if not Path(trial.local_path, file_name).exists():
+    def _restore_from_remote(self, file_name: str, trial: Trial) -> None:
+        if trial.local_path is None or not Path(trial.local_path, file_name).exists():
             super()._restore_from_remote(file_name, trial)  # type: ignore[misc]
 
 
@@ -82,7 +87,7 @@ class ProgressRows(_KeepsWrittenRows, CSVLoggerCallback):
 INTERRUPTED = threading.Event()  # set by a stage's first Ctrl-C: the search suggests no trial after it
 
 
-def _ctrl_c(signum, frame) -> None:
+def _ctrl_c(signum: int, frame: FrameType | None) -> None:
     """The first Ctrl-C of a running stage (or SIGTERM, or a full storage: both send one) stops the search from
     suggesting trials and asks Ray Tune to stop as on its own Ctrl-C (SIGUSR1: it saves the experiment's state, then
     ends); a second, or one before Tune runs, stops at once."""
@@ -95,7 +100,7 @@ def _ctrl_c(signum, frame) -> None:
 class StoppableOptunaSearch(OptunaSearch):
     """Optuna's search, which suggests no trial once its stage is stopping (Tune would start one more)."""
 
-    def suggest(self, trial_id: str):
+    def suggest(self, trial_id: str) -> dict | None:
         return None if INTERRUPTED.is_set() else super().suggest(trial_id)
 
 

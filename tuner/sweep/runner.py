@@ -14,6 +14,7 @@ from typing import Any
 import ray
 import yaml
 from ray import tune
+from ray.tune import Result
 
 from tuner.engine.compile import COMPILE_CACHE
 from tuner.errors import Interrupted, UserError
@@ -37,6 +38,7 @@ from tuner.sweep.trainable import federated_trial
 from tuner.sweep.trials import TRIAL_RETRIES
 
 EXPERIMENT_FILE = "experiment.yaml"
+Trainable = Any  # Tune's trainable with its parameters and resources bound (tune.with_resources)
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,9 @@ def holding(folder: Path, noun: str, change: str, started: str, resume: bool, re
         yield folder
 
 
-def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool):
-    """Run (or continue, where `resume` and its saved state exist) one stage in folder/stage.name; returns Tune's
-    ResultGrid. Ends in Interrupted where a stop left trials unfinished."""
+def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool) -> list[Result]:
+    """Run (or continue, where `resume` and its saved state exist) one stage in folder/stage.name; returns its
+    trials' results. Ends in Interrupted where a stop left trials unfinished."""
     check_request(res)  # before anything is written or started
     ensure_writable(folder, "the sweep's storage")
     start_ray(res)
@@ -115,17 +117,18 @@ def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool):
             grid = restored(path, trainable).fit()
     # a trial stopped by Ctrl-C is neither done nor failed; one never begun neither
     ended = stage_counts["done"] + stage_counts["failed"]
-    spent = sum((r.metrics or {}).get("round", 0) for r in grid)
+    results = [grid[i] for i in range(len(grid))]
+    spent = sum((r.metrics or {}).get("round", 0) for r in results)
     unfinished = 0 if stage.budget is not None and spent >= stage.budget else stage.trials - ended
     if unfinished:  # Ray stopped on Ctrl-C / SIGTERM after saving the experiment's state
         raise Interrupted(
             f"Stopped with {unfinished} trials unfinished; finished trials and checkpoints are in {path}. "
             "Run the same command with --resume to continue."
         )
-    return grid
+    return results
 
 
-def _trainable(folder: Path, stage: Stage, res: Resources):
+def _trainable(folder: Path, stage: Stage, res: Resources) -> Trainable:
     """The federated trial with its stage's constants, asking for its share of a node."""
     request = trial_resources(res)
     check_fits(request)
@@ -143,7 +146,7 @@ def _trainable(folder: Path, stage: Stage, res: Resources):
     return tune.with_resources(trainable, request)
 
 
-def _new_tuner(folder: Path, stage: Stage, res: Resources, trainable) -> tune.Tuner:
+def _new_tuner(folder: Path, stage: Stage, res: Resources, trainable: Trainable) -> tune.Tuner:
     return tune.Tuner(
         trainable,
         param_space=stage.param_space,
@@ -180,7 +183,7 @@ def _new_tuner(folder: Path, stage: Stage, res: Resources, trainable) -> tune.Tu
     )
 
 
-def restored(path: Path, trainable) -> tune.Tuner:
+def restored(path: Path, trainable: Trainable) -> tune.Tuner:
     """A stage's experiment as Ray Tune saved it: finished and failed trials stay as they are."""
     return tune.Tuner.restore(
         str(path), trainable, resume_unfinished=True, resume_errored=False, storage_filesystem=whole_file_storage()

@@ -12,11 +12,13 @@ it stopped (`--resume`), and stops cleanly, with what it wrote kept, on Ctrl-C, 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
 import yaml
 from ray import tune
+from ray.tune import Result
 
 from tuner.errors import UserError, first_sentence
 from tuner.files import write_text_atomic
@@ -120,7 +122,7 @@ def seeds_stage(space: Space, best: dict, seeds: int, vary_partition: bool) -> S
     )
 
 
-def searched(space: Space, folder: Path, grid) -> tuple[dict, object]:
+def searched(space: Space, folder: Path, grid: list[Result]) -> tuple[dict, Result]:
     """The search's summary and its best trial by the selection rule. A trial that refused a setting the search
     gave ends the sweep in one sentence, the summary of the search's best so far written first: no seeds are run
     on a space that needs fixing."""
@@ -158,7 +160,7 @@ def searched(space: Space, folder: Path, grid) -> tuple[dict, object]:
     return summary, best
 
 
-def population_figures(result, select: str) -> dict:
+def population_figures(result: Result, select: str) -> dict:
     """A population-based trial's figures from the rounds its state went through (its last report may come from
     before its last exploit: Tune keeps what a trial reported before an exploit and may drop what follows it)."""
     from tuner.sweep.trial_files import lineage_rows
@@ -185,7 +187,7 @@ def study_storage(path: Path) -> optuna.storages.RDBStorage:
         ) from None
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """YAML-safe copy (numpy scalars to Python)."""
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}

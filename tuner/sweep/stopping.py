@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ray.tune import Callback
+from ray.tune.experiment import Trial
 from ray.tune.stopper import CombinedStopper, Stopper
 
 from tuner.sweep.trial_files import trial_rows
@@ -19,10 +21,10 @@ class Patience(Stopper):
     def __init__(self, patience: int):
         self.patience = patience
 
-    def __call__(self, trial_id, result):
+    def __call__(self, trial_id: str, result: dict) -> bool:
         return result["round"] - result["best_round"] > self.patience
 
-    def stop_all(self):
+    def stop_all(self) -> bool:
         return False
 
 
@@ -36,12 +38,12 @@ class RoundBudget(Stopper):
         self.rounds: dict[str, int] = {}
         self.counted_before = False
 
-    def __call__(self, trial_id, result):
+    def __call__(self, trial_id: str, result: dict) -> bool:
         self._count_before()
         self.rounds[trial_id] = result["round"]
         return False
 
-    def stop_all(self):
+    def stop_all(self) -> bool:
         self._count_before()
         return sum(self.rounds.values()) >= self.max_total_rounds
 
@@ -95,6 +97,6 @@ def stoppers(rules: dict[str, int], experiment: Path | None = None, search: bool
 class FinalFailures(Callback):
     """A trial that reports a failure it would meet again is failed at once, not retried from its checkpoint."""
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
         if result.get("failed") and not result.get("retry"):
             trial.max_failures = 0  # read by Tune when the trial's error arrives, after this result

@@ -29,7 +29,7 @@ class _ReplacedWhenClosed(io.FileIO):
         self.path, self.failed = path, False
         super().__init__(os.path.join(head, f".{name}{PARTIAL}{uuid.uuid4().hex[:8]}"), "wb")
 
-    def write(self, b) -> int:
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
         """All of `b`: a raw write may write part of it (a disk filling up does, then fails the next)."""
         data, done = memoryview(b).cast("B"), 0
         try:
@@ -54,60 +54,60 @@ class _ReplacedWhenClosed(io.FileIO):
 class WholeFiles(fs.FileSystemHandler):
     """The local file system, but a file opened for writing replaces its destination only when closed whole."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.local = fs.LocalFileSystem()
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, WholeFiles)
 
-    def __reduce__(self):  # Ray hands the storage to every trial's worker
+    def __reduce__(self) -> tuple[type, tuple]:  # Ray hands the storage to every trial's worker
         return WholeFiles, ()
 
     def get_type_name(self) -> str:
         return "whole-files"
 
-    def normalize_path(self, path):
+    def normalize_path(self, path: str) -> str:
         return self.local.normalize_path(path)
 
-    def get_file_info(self, paths):
+    def get_file_info(self, paths: list[str]) -> list[fs.FileInfo]:
         return self.local.get_file_info(paths)
 
-    def get_file_info_selector(self, selector):
+    def get_file_info_selector(self, selector: fs.FileSelector) -> list[fs.FileInfo]:
         return self.local.get_file_info(selector)
 
-    def create_dir(self, path, recursive):
+    def create_dir(self, path: str, recursive: bool) -> None:
         self.local.create_dir(path, recursive=recursive)
 
-    def delete_dir(self, path):
+    def delete_dir(self, path: str) -> None:
         self.local.delete_dir(path)
 
-    def delete_dir_contents(self, path, missing_dir_ok=False):
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
 
-    def delete_root_dir_contents(self):
+    def delete_root_dir_contents(self) -> None:
         raise OSError("refusing to empty the root of the file system")
 
-    def delete_file(self, path):
+    def delete_file(self, path: str) -> None:
         self.local.delete_file(path)
 
-    def move(self, src, dest):
+    def move(self, src: str, dest: str) -> None:
         self.local.move(src, dest)
 
-    def copy_file(self, src, dest):
+    def copy_file(self, src: str, dest: str) -> None:
         with self.local.open_input_stream(src) as source, self.open_output_stream(dest, None) as out:
             while chunk := source.read(2**20):
                 out.write(chunk)
 
-    def open_input_stream(self, path):
+    def open_input_stream(self, path: str) -> pa.NativeFile:
         return self.local.open_input_stream(path)
 
-    def open_input_file(self, path):
+    def open_input_file(self, path: str) -> pa.NativeFile:
         return self.local.open_input_file(path)
 
-    def open_output_stream(self, path, metadata):
+    def open_output_stream(self, path: str, metadata: object) -> pa.NativeFile:
         return pa.PythonFile(_ReplacedWhenClosed(path), mode="w")
 
-    def open_append_stream(self, path, metadata):
+    def open_append_stream(self, path: str, metadata: object) -> pa.NativeFile:
         raise OSError(f"{path}: appending is not written whole; Ray Tune's storage never appends")
 
 

@@ -13,9 +13,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
+
+if TYPE_CHECKING:
+    from tuner.engine.simulation import Simulation
 
 from tuner.errors import DivergedError, OutOfMemory, UserError
 from tuner.files import write_atomic
@@ -93,7 +96,7 @@ def federated_trial(
         raise
 
 
-def report_failure(e: UserError, sim, placement: dict, select: str) -> None:
+def report_failure(e: UserError, sim: Simulation | None, placement: dict, select: str) -> None:
     """A trial's failure reported with its kind. Out of memory may be a neighbour's on a shared GPU, so it is
     retried; a divergence recurs from any checkpoint (the run is seeded and resumes exactly), and a setting the run
     refuses is refused again."""
@@ -111,7 +114,7 @@ def report_failure(e: UserError, sim, placement: dict, select: str) -> None:
     )
 
 
-def restore(sim, checkpoint) -> list[dict]:
+def restore(sim: Simulation, checkpoint: tune.Checkpoint) -> list[dict]:
     """The trial's latest checkpoint, or, where it cannot be read (damaged by a kill or a full disk), the one
     before it (Tune keeps two), saying so on the trial's error stream; none readable: from round 1. Returns the
     schedule that brought the state there (a donor's, after an exploit)."""
