@@ -8,11 +8,14 @@ A cell is (method, dataset, partition, clients, join ratio, backbone) under the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.errors import UserError
 from tuner.settings import papers
 from tuner.settings.config import absolute_settings
-from tuner.sweep.cluster import Resources
+
+if TYPE_CHECKING:  # a bare GPU node reads the cells without Ray or Optuna installed
+    from tuner.sweep.cluster import Resources
 
 ROSTER = "roster"  # every method and variant at one data setting: no published numbers, a comparison of our own
 
