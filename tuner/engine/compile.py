@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -167,7 +168,7 @@ class Program:
         self.graphed = device.type == "cuda"  # until Inductor counts a skip for this program
         ran.config = max(ran.config, needed_before(name, device.type))
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> Any:
         config = self._first_config(args)
         while True:
             try:
@@ -194,7 +195,7 @@ class Program:
         )
         return self.ran.config
 
-    def _run(self, config: int, args: tuple):
+    def _run(self, config: int, args: tuple) -> Any:
         """One call under `config`, compiling first where needed; what it compiled is remembered and counted."""
         from torch._dynamo.utils import (
             counters,

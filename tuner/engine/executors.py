@@ -232,7 +232,8 @@ class Executor:
                 batch,
                 at,
                 stream_base + number,
-                self.settings,
+                self.settings.seed,
+                self.settings.augment,
                 self.data.train.counts,
                 self.method.draws,
             )

@@ -38,23 +38,30 @@ class PhasePlan:
 
 
 def plan_phase(
-    phase: Phase, number: int, keys: list[str], batch: int, at: Round, stream: int, settings, counts, draws: bool
+    phase: Phase,
+    number: int,
+    keys: list[str],
+    batch: int,
+    at: Round,
+    stream: int,
+    seed: int,
+    augment: bool,
+    counts: list[int],
+    draws: bool,
 ) -> PhasePlan:
     """A phase's round for the cohort `at.clients`: each client's batch rows, its augmentation draws where the run
-    augments (`settings.augment`) and its noise keys where the method draws (`draws`)."""
-    seed, ids = settings.seed, at.clients.tolist()
+    augments (`augment`) and its noise keys where the method draws (`draws`), all drawn from the run's `seed`."""
+    ids = at.clients.tolist()
     scheds = [phase_schedule(phase, seed, at.number, stream, i, counts[i], batch) for i in ids]
     pairs = list(zip(ids, scheds, strict=True))
     augmented = (
-        [augment_draws(augment_seed(seed, at.number, stream, i), *q.shape) for i, q in pairs]
-        if settings.augment
-        else None
+        [augment_draws(augment_seed(seed, at.number, stream, i), *q.shape) for i, q in pairs] if augment else None
     )
     noise = [draw_keys(seed, at.number, stream, i, len(q)) for i, q in pairs] if draws else None
     return PhasePlan(phase, number, keys, batch, scheds, augmented, noise)
 
 
-def chunk_schedule(plan: PhasePlan, order: list[int], offsets: list[int], block: int, device) -> tuple:
+def chunk_schedule(plan: PhasePlan, order: list[int], offsets: list[int], block: int, device: torch.device) -> tuple:
     """A chunk's whole schedule on the device, step-major, in one copy each: its batches' rows of the split
     (steps, rows, batch), augmentation draws (..., 3) and noise keys (steps, rows) where the run has them, and
     whether each row trains at each step (`live`); as many steps as whole blocks of `block` hold. Row r is client
@@ -67,9 +74,9 @@ def chunk_schedule(plan: PhasePlan, order: list[int], offsets: list[int], block:
     key = None if plan.noise is None else torch.zeros(length, len(order), dtype=torch.long)
     for r, j in enumerate(order):
         index[: n_steps[r], r] = torch.where(plan.scheds[j] == PADDED, PADDED, plan.scheds[j] + offsets[j])
-        if aug is not None:
+        if aug is not None and plan.draws is not None:
             aug[: n_steps[r], r] = plan.draws[j]
-        if key is not None:
+        if key is not None and plan.noise is not None:
             key[: n_steps[r], r] = plan.noise[j]
     live = torch.arange(length)[:, None] < torch.tensor(n_steps)
     return tuple(None if t is None else t.to(device) for t in (index, aug, key, live))

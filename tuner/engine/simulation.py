@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,10 +88,10 @@ class Simulation:
         clients = torch.tensor(ids, device=self.device)
         return Round(number, self.method.training.rounds, clients, as_float(counts), as_float(steps), group=clients)
 
-    def _per_client(self, hook: Callable, name: str, states: State, at: Round, *args) -> State:
+    def _per_client(self, hook: Callable, name: str, states: State, at: Round, *args: Any) -> State:
         """A per-client hook(state, server, *args, at_i) over the stack, each client getting its own Round."""
 
-        def with_round(state, server, *rest):
+        def with_round(state: State, server: State, *rest: Any) -> Any:
             *own, clients, samples, steps = rest
             return hook(state, server, *own, replace(at, clients=clients, samples=samples, steps=steps))
 
@@ -128,7 +129,7 @@ class Simulation:
             )
         return {**cohort, **_own_memory(self._per_client(hook, name, cohort, at, stats), self.server, cohort)}
 
-    def _accuracy(self, state, server, x, y, w):
+    def _accuracy(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Any:
         out = self.method.logits(state, server, x)
         hits = (out.argmax(-1) == y).to(w.dtype)
         return {"correct": (hits * w).sum(), "loss": (F.cross_entropy(out, y, reduction="none") * w).sum()}
@@ -155,7 +156,7 @@ class Simulation:
             self.executor.train(self.method.eval_phases(), clients, self.server, at, FINE_TUNE_STREAM)
         if self.method.passes.memory:
             clients = {**clients, **self._memory(clients, at)}
-        row = {}
+        row: dict[str, Any] = {}
         for prefix, split, stream in (("", self.data.test, TEST_STREAM), ("val_", self.data.val, VAL_STREAM)):
             if split is None:
                 continue
@@ -216,7 +217,7 @@ class Simulation:
             )
         self.round = rnd
         self._broadcast(list(range(self.data.num_clients)))
-        row = {"round": rnd, "clients": len(ids), "train_loss": train_loss}
+        row: dict[str, Any] = {"round": rnd, "clients": len(ids), "train_loss": train_loss}
         if rnd % s.eval_gap == 0:
             row.update(self.evaluate())
         self.best_acc = max(self.best_acc, row.get("acc", -math.inf))
