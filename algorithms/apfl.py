@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 GLOBAL = "global."
@@ -63,7 +62,6 @@ class APFL(Method):
     source = "the paper; MLOPTPSU/FedTorch (mix: outputs)"
     Hparams = APFLHparams
     shared = (GLOBAL,)
-    passes = Passes(end_local=True)  # α_i projected to [0, 1]
 
     def init_client(self, model):
         # a copy, never the hyperparameter itself

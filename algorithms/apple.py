@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from algorithms.base import Method, Unsupported
 from algorithms.common import is_on
 from algorithms.optimizers import SGD
-from algorithms.rounds import Passes
 
 CORES, P, P0, OWN, REG, MIX = "apple.cores.", "apple.weights", "apple.start", "apple.own", "apple.reg", "apple.mix."
 
@@ -63,7 +62,6 @@ class APPLE(Method):
     source = "ljaiverson/pFL-APPLE"
     Hparams = APPLEHparams
     shared = ()
-    passes = Passes(end_local=True)  # w_i kept for prediction
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -2,7 +2,8 @@
 
 A client's state and the server's state are flat dicts of tensors ("body.0.weight",
 "head.weight", plus whatever a method adds). The engine, written once, runs every method;
-a method says what it does in each step of a round, and which optional steps it takes:
+a method says what it does in each step of a round; the optional steps it takes are those whose hooks it
+defines (read into `passes` when its class is defined):
 
     init_client(model) / init_server(model)        what each client and the server hold at first
     broadcast(client, server, at)   -> client      what a client takes from the server before it trains
@@ -79,15 +80,19 @@ True
 >>> round(float(method.loss(moved, server, x, y) - Method.loss(method, moved, server, x, y)), 4)  # 0.1/2 * 23
 1.15
 
-A hook defined without the pass that calls it is refused when the class is defined:
+The passes a round takes are read from the hooks a method defines; sums with nowhere to go are refused when
+the class is defined:
 
->>> class Forgetful(Method):
-...     name = "forgetful"
-...
+>>> class Proximal(Method):
 ...     def end_local(self, client, server, stats, at):
 ...         return client
+>>> Proximal.passes.end_local, Proximal.passes.statistics_after
+(True, False)
+>>> class Counting(Method):
+...     def statistics(self, state, server, x, y, w):
+...         return {}
 Traceback (most recent call last):
-TypeError: Forgetful: defines end_local but does not declare Passes(end_local=True)
+TypeError: Counting: defines statistics but neither begin_local nor end_local, the hooks that receive them
 """
 
 from __future__ import annotations
@@ -157,7 +162,7 @@ class Method:
     source: ClassVar[str] = ""
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
-    passes: ClassVar[Passes] = Passes()
+    passes: ClassVar[Passes] = Passes()  # read from the hooks it defines when its class is defined; never declared
     holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
     serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
@@ -177,6 +182,7 @@ class Method:
         problem = _declaration_problem(cls)
         if problem:
             raise TypeError(f"{cls.__name__}: {problem}")
+        cls.passes = _passes(cls)
 
     def __init__(self, net: Net, training: Training, hp: Any = None) -> None:
         self.net = net
@@ -223,7 +229,7 @@ class Method:
         self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> State:
         """The sums of the pass after training, where they differ from the pass before it
-        (Passes(trained_statistics=True): FedAS)."""
+        (FedAS)."""
         raise NotImplementedError
 
     def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
@@ -341,30 +347,30 @@ class Method:
 
 
 def _declaration_problem(cls: type[Method]) -> str | None:
-    """A method's declared passes must match the hooks it defines: a hook the engine would never call,
-    or a pass without its hook, is a mistake in the method, found when its class is defined."""
-    p = cls.passes
+    """What is wrong with a method's hooks, found when its class is defined: sums with nowhere to go, or passes
+    declared by hand (they are read from the hooks it defines)."""
+    if "passes" in cls.__dict__:
+        return "declares its passes, which are read from the hooks it defines: remove `passes = ...`"
     defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
-    for hook, declared in (
-        ("begin_local", p.begin_local),
-        ("end_local", p.end_local),
-        ("memory", p.memory),
-        ("trained_statistics", p.trained_statistics),
-    ):
-        if defines(hook) != declared:
-            return (
-                f"defines {hook} but does not declare Passes({hook}=True)"
-                if declared is False
-                else f"declares {hook} but does not define it"
-            )
-    if (p.statistics_before and not p.begin_local) or (p.statistics_after and not p.end_local):
-        return "statistics go to begin_local (before) or end_local (after): declare that hook too"
-    if p.trained_statistics and not p.statistics_after:
-        return "declares trained_statistics but not Passes(statistics_after=True), the pass that sums them"
-    if (p.statistics_before or (p.statistics_after and not p.trained_statistics)) != defines("statistics"):
-        return "statistics are defined without a statistics pass, or declared without being defined"
-    if not p.upload and (defines("upload") or defines("aggregate")):
-        return "defines upload or aggregate but declares Passes(upload=False)"
-    if p.upload and not cls.shared and not defines("upload"):
-        return "shares nothing and uploads nothing: declare Passes(upload=False) or define upload"
+    if defines("statistics") and not (defines("begin_local") or defines("end_local")):
+        return "defines statistics but neither begin_local nor end_local, the hooks that receive them"
+    if defines("trained_statistics") and not defines("end_local"):
+        return "defines trained_statistics but not end_local, the hook that receives them"
     return None
+
+
+def _passes(cls: type[Method]) -> Passes:
+    """The optional passes a method takes, from the hooks it defines: `statistics` go to each of begin_local and
+    end_local it defines (end_local gets `trained_statistics` instead where it defines those), its clients upload
+    what it shares or what its `upload` returns, and a `memory` joins each client's state for prediction."""
+    defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
+    statistics, trained = defines("statistics"), defines("trained_statistics")
+    return Passes(
+        begin_local=defines("begin_local"),
+        end_local=defines("end_local"),
+        statistics_before=statistics and defines("begin_local"),
+        statistics_after=trained or (statistics and defines("end_local")),
+        trained_statistics=trained,
+        upload=bool(cls.shared) or defines("upload") or defines("aggregate"),
+        memory=defines("memory"),
+    )

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
 from algorithms.common import class_sums
-from algorithms.rounds import Passes
 
 SUM, COUNT = "fd.sum", "fd.count"
 LOGITS, HAS = "fd.global", "fd.has"
@@ -48,7 +47,6 @@ class FD(Method):
     source = "PFLlib clientfd.py"
     Hparams = FDHparams
     shared = ()
-    passes = Passes(statistics_after=True, end_local=True)  # class averages of the trained model's logits
 
     def init_client(self, model):
         c = self.training.num_classes

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
 from algorithms.optimizers import SGD
-from algorithms.rounds import Passes, Phase
+from algorithms.rounds import Phase
 
 WEIGHTS, RECEIVED = "ala.w.", "ala.g."
 
@@ -60,7 +60,6 @@ class FedALA(Method):
     paper = "Zhang et al., AAAI 2023"
     source = "TsingZ0/FedALA (= PFLlib utils/ALA.py)"
     Hparams = FedALAHparams
-    passes = Passes(begin_local=True, end_local=True)  # training starts from the adaptively aggregated model
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -31,7 +31,7 @@ from torch.func import grad, vmap
 from algorithms.base import Method
 from algorithms.common import class_sums, weighted_mean
 from algorithms.optimizers import SGD
-from algorithms.rounds import Passes, Phase
+from algorithms.rounds import Phase
 from algorithms.variants import variant
 
 PROTOS, HAS, FIM = "as.protos", "as.has", "as.fim"
@@ -52,9 +52,6 @@ class FedAS(Method):
     source = "xiyuanyang45/FedAS (= PFLlib clientas.py)"
     Hparams = FedASHparams
     shared = ("body.",)
-    passes = Passes(
-        statistics_before=True, begin_local=True, statistics_after=True, trained_statistics=True, end_local=True
-    )
     statistics_in_batches = True  # the trace sums over whole batches of the run's size
 
     def init_client(self, model):

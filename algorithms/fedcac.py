@@ -30,7 +30,6 @@ import torch
 
 from algorithms.base import Method, Unsupported
 from algorithms.common import per_client, weighted_mean
-from algorithms.rounds import Passes
 
 START, MASK, CUSTOM = "cac.start.", "cac.mask.", "cac.custom."
 
@@ -62,7 +61,6 @@ class FedCAC(Method):
     paper = "Wu et al., ICCV 2023"
     source = "PFLlib clientcac.py; the authors' configs"
     Hparams = FedCACHparams
-    passes = Passes(end_local=True)
 
     def init_client(self, model):
         keys = self.net.param_keys

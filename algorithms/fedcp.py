@@ -34,7 +34,6 @@ from torch.func import functional_call
 
 from algorithms.base import Method, Unsupported
 from algorithms.common import DRAW_KEY, gumbel, mmd, prefixed, substate
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 
@@ -59,7 +58,6 @@ class FedCP(Method):
     source = "the paper"
     Hparams = FedCPHparams
     shared = ("body.", "head.", "cpn.")
-    passes = Passes(begin_local=True)  # v_i from the personal head
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
 from algorithms.common import uniform
-from algorithms.rounds import Passes
 
 MIDDLEWARE = "cross.m."
 STATISTICS = "cross.s."  # the middleware models' batch-norm statistics: the initial model's, never changed
@@ -44,7 +43,6 @@ class FedCross(Method):
     source = "PFLlib clientcross.py"
     Hparams = FedCrossHparams
     shared = ()
-    passes = Passes(begin_local=True)  # each client takes a middleware model
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

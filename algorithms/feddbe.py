@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import weighted_mean
-from algorithms.rounds import Passes
 
 BIAS, RUNNING = "dbe.bias", "dbe.running"
 GLOBAL_MEAN, READY = "dbe.global_mean", "dbe.ready"
@@ -46,7 +45,6 @@ class FedDBE(Method):
     paper = "Zhang et al., NeurIPS 2023"
     source = "TsingZ0/DBE clientDBE.py (= PFLlib clientdbe.py)"
     Hparams = FedDBEHparams
-    passes = Passes(begin_local=True)  # the running mean starts each round at zero
     carried = (RUNNING,)  # updated by each step's forward
 
     def init_client(self, model):

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from algorithms.base import Method
-from algorithms.rounds import Passes
 
 GRAD = "dyn.grad."  # g_k, per parameter
 H = "dyn.h."  # the server's h, per parameter
@@ -51,7 +50,6 @@ class FedDyn(Method):
     paper = "Acar et al., ICLR 2021"
     source = "the paper's Algorithm 1; PFLlib clientdyn.py (alpemreacar/FedDyn's differences in the docstring)"
     Hparams = FedDynHparams
-    passes = Passes(end_local=True)
 
     def init_client(self, model):
         return {

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from algorithms.base import Method
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 MODELS, PI, ESTEP = "em.model.", "em.pi", "em.estep."
@@ -49,7 +48,6 @@ class FedEM(Method):
     source = "omarfoq/FedEM"
     Hparams = FedEMHparams
     shared = (MODELS,)
-    passes = Passes(statistics_before=True, begin_local=True)  # the E-step
 
     def init_client(self, model):
         models = [model] + [self.net.fresh(seed) for seed in range(1, self.hp.m)]

@@ -30,7 +30,6 @@ from torch.func import vmap
 
 from algorithms.base import Method
 from algorithms.common import per_client
-from algorithms.rounds import Passes
 
 MODELS, AFFINITY, OLD = "fomo.models.", "fomo.affinity", "fomo.old."
 CHOSEN, WEIGHTS = "fomo.chosen", "fomo.weights"
@@ -48,7 +47,6 @@ class FedFomo(Method):
     source = "PFLlib clientfomo.py"
     Hparams = FedFomoHparams
     shared = ()
-    passes = Passes(statistics_before=True, begin_local=True)  # validation losses of θ_i^old and of each candidate
     holdout = 0.2  # PFLlib's val_ratio
 
     def __init__(self, net, training, hp=None):

@@ -29,7 +29,6 @@ from torch.func import grad
 
 from algorithms.base import Method
 from algorithms.common import label_counts, per_client, weighted_mean
-from algorithms.rounds import Passes
 
 HEAD, HOLDS = "gc.head", "gc.holds"
 HEADS, KNOWN = "gc.heads", "gc.known"  # the server's copy of every client's head and classes
@@ -47,7 +46,6 @@ class FedGC(Method):
     source = "PFLlib clientgc.py"
     Hparams = FedGCHparams
     shared = ("body.",)
-    passes = Passes(statistics_before=True, begin_local=True)  # the classes the client holds
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -24,7 +24,6 @@ from torch.func import grad
 
 from algorithms.base import Method
 from algorithms.common import class_sums, uniform
-from algorithms.rounds import Passes
 
 SUM, COUNT = "gh.sum", "gh.count"
 
@@ -41,7 +40,6 @@ class FedGH(Method):
     source = "PFLlib clientgh.py"
     Hparams = FedGHHparams
     shared = ("head.",)
-    passes = Passes(statistics_after=True, end_local=True)  # class prototypes of the trained body
 
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim

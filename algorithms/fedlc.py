@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import label_counts
-from algorithms.rounds import Passes
 
 COUNTS = "lc.counts"
 ABSENT = 1e-8  # the count a class the client lacks takes (FL-bench)
@@ -44,7 +43,6 @@ class FedLC(Method):
     paper = "Zhang et al., ICML 2022"
     source = "FL-bench fedlc.py"
     Hparams = FedLCHparams
-    passes = Passes(statistics_before=True, begin_local=True)
 
     def init_client(self, model):
         return {**super().init_client(model), COUNTS: next(iter(model.values())).new_ones(self.training.num_classes)}

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method
-from algorithms.rounds import Passes
 
 RECEIVED_STATS = "ntd.stats."  # the client's BatchNorm statistics as its round began: the received model's
 
@@ -50,8 +49,6 @@ class FedNTD(Method):
     paper = "Lee et al., NeurIPS 2022"
     source = "Lee-Gihun/FedNTD"
     Hparams = FedNTDHparams
-
-    passes = Passes(begin_local=True)
 
     def init_client(self, model):
         model = super().init_client(model)

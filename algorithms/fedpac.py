@@ -35,7 +35,6 @@ from torch.func import vmap
 
 from algorithms.base import Method, Unsupported
 from algorithms.common import cross_entropy, is_on, per_client, weighted_mean
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 COMBINE = ("qp", "protoweights", "none")
@@ -93,7 +92,6 @@ class FedPAC(Method):
     Hparams = FedPACHparams
     shared = ("body.",)
     # statistics μ_i, V_i with the received extractor before training, centroids ĉ_i with the trained one after
-    passes = Passes(statistics_before=True, begin_local=True, statistics_after=True, end_local=True)
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import class_sums
-from algorithms.rounds import Passes
 
 SUM, COUNT = "pcl.sum", "pcl.count"
 GLOBAL, HAS = "pcl.global", "pcl.has"  # G (C, K) and which classes it holds
@@ -44,7 +43,6 @@ class FedPCL(Method):
     source = "PFLlib clientpcl.py"
     Hparams = FedPCLHparams
     shared = ()
-    passes = Passes(statistics_after=True, end_local=True)  # local prototypes of the trained body
 
     def _zeros(self, model, *shape):
         return torch.zeros(*shape, device=model[self.net.param_keys[0]].device)

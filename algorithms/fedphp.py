@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import mmd
-from algorithms.rounds import Passes
 
 PRIVATE, TEACHER, COUNT = "php.private.", "php.teacher.", "php.count"
 
@@ -44,7 +43,6 @@ class FedPHP(Method):
     paper = "Li et al., ECML-PKDD 2021"
     source = "the paper; FedRepo fedphp.py"
     Hparams = FedPHPHparams
-    passes = Passes(end_local=True)  # inheritance
 
     teacher_prefix = PRIVATE  # the HPM teaches
 
@@ -81,7 +79,6 @@ class FedPHPPfllib(FedPHP):
     paper = "Li et al., ECML-PKDD 2021"
     source = "PFLlib clientphp.py (up to Nov 2024)"
     family = "fedphp"
-    passes = Passes()
     end_local = Method.end_local  # no inheritance step after training
     teacher_prefix = TEACHER  # the global model teaches
 

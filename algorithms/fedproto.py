@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import class_sums
-from algorithms.rounds import Passes
 
 SUM, COUNT = "proto.sum", "proto.count"
 PROTOS, HAS = "proto.global", "proto.has"
@@ -34,7 +33,6 @@ class FedProto(Method):
     source = "PFLlib clientproto.py"
     Hparams = FedProtoHparams
     shared = ()
-    passes = Passes(statistics_after=True, end_local=True)  # class means of the trained features
 
     def init_client(self, model):
         c, k = self.training.num_classes, self.net.feature_dim

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import label_counts
-from algorithms.rounds import Passes
 
 PERSONAL = "rod."
 PRIOR = "rod.log_prior"
@@ -23,7 +22,6 @@ class FedRoD(Method):
     paper = "Chen & Chao, ICLR 2022"
     source = "PFLlib clientrod.py"
     shared = ("body.", "head.")
-    passes = Passes(statistics_before=True, begin_local=True)  # the client's label counts
 
     def init_client(self, model):
         head = {PERSONAL + k: model[k].clone() for k in self.net.keys(("head.",), params_only=False)}

@@ -38,7 +38,6 @@ from torch.func import functional_call
 
 from algorithms.base import Method
 from algorithms.common import label_counts, prefixed, substate
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 
@@ -71,7 +70,6 @@ class GPFL(Method):
     source = "the paper"
     Hparams = GPFLHparams
     shared = ("body.", "cov.", "gce.")
-    passes = Passes(statistics_before=True, begin_local=True)  # label frequencies α_i (eq. 6)
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

@@ -17,7 +17,6 @@ from torch.func import vmap
 
 from algorithms.base import Method
 from algorithms.common import substate
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 MODELS, CHOICE = "hyp.model.", "hyp.choice"
@@ -35,7 +34,6 @@ class HypCluster(Method):
     source = "the paper, as FedPAC's baseline"
     Hparams = HypClusterHparams
     shared = ()
-    passes = Passes(statistics_before=True, begin_local=True)  # every cluster model's loss on the client's data
 
     def init_client(self, model):
         choice = torch.zeros(self.hp.k, device=model[self.net.param_keys[0]].device)

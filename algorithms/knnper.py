@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
-from algorithms.rounds import Passes
 from algorithms.variants import variant
 
 KEYS, LABELS, MASK = "knn.keys", "knn.labels", "knn.mask"
@@ -61,7 +60,6 @@ class KNNPer(Method):
     paper = "Marfoq et al., ICML 2022"
     source = "the paper; omarfoq/knn-per"
     Hparams = KNNPerHparams
-    passes = Passes(memory=True)  # the datastore; training is FedAvg's
 
     def memory(self, state, server, x, y, w):
         return {KEYS: self.net.features(state, x), LABELS: y, MASK: w}

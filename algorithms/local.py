@@ -5,7 +5,6 @@ Local loss: cross-entropy. Upload: nothing. Prediction: the client's own model.
 """
 
 from algorithms.base import Method
-from algorithms.rounds import Passes
 
 
 class Local(Method):
@@ -14,4 +13,3 @@ class Local(Method):
     paper = "the tables' Local-only baseline"
     source = "PFLlib serverlocal.py"
     shared = ()
-    passes = Passes(upload=False)

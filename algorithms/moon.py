@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method
-from algorithms.rounds import Passes
 
 PREVIOUS = "moon.prev."
 
@@ -44,7 +43,6 @@ class MOON(Method):
     paper = "Li et al., CVPR 2021"
     source = "PFLlib clientmoon.py"
     Hparams = MOONHparams
-    passes = Passes(end_local=True)
 
     def init_client(self, model):
         return {**super().init_client(model), **self.net.copy(model, PREVIOUS)}

@@ -32,7 +32,6 @@ from torch.func import grad
 
 from algorithms.base import Method
 from algorithms.optimizers import SGD
-from algorithms.rounds import Passes
 
 PERSONAL = "me."
 TRAINED = "trained."  # pfedme-official: w_i as local training left it
@@ -52,7 +51,6 @@ class PFedMe(Method):
     paper = "Dinh et al., NeurIPS 2020"
     source = "the paper (θ_i predicts)"
     Hparams = PFedMeHparams
-    passes = Passes(begin_local=True)  # θ_i starts from the received model
     theta_decay = 0.0  # the paper's eq. 7 has no decay on θ
 
     def init_client(self, model):
@@ -103,7 +101,6 @@ class PFedMeOfficial(PFedMe):
     paper = "Dinh et al., NeurIPS 2020"
     source = "CharlieDinh/pFedMe; PFLlib before May 2023"
     family = "pfedme"
-    passes = Passes(begin_local=True, end_local=True)
     theta_decay = 0.001  # pFedMeOptimizer's mu
 
     def init_client(self, model):

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from algorithms.base import Method
 from algorithms.common import weighted_mean
-from algorithms.rounds import Passes
 
 C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
 
@@ -30,7 +29,6 @@ class SCAFFOLD(Method):
     paper = "Karimireddy et al., ICML 2020"
     source = "the paper (option II); PFLlib clientscaffold.py"
     shared = ("body.", "head.")
-    passes = Passes(end_local=True)
 
     def init_client(self, model):
         zeros = {pre + k: torch.zeros_like(model[k]) for k in self.net.param_keys for pre in (CI, DELTA)}

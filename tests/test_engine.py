@@ -457,37 +457,29 @@ def test_deterministic_algorithms_follow_each_runs_setting():
 
 
 # --- the method contract
-def test_a_method_whose_passes_do_not_match_its_hooks_is_refused_when_its_class_is_defined():
+def test_a_methods_passes_are_read_from_the_hooks_it_defines_and_sums_with_nowhere_to_go_are_refused():
+    from algorithms import METHODS
     from algorithms.base import Method
     from algorithms.rounds import Passes
 
-    with pytest.raises(TypeError, match="defines begin_local but does not declare"):
-        type("Forgetful", (Method,), {"begin_local": lambda self, client, server, stats, at: client})
-    with pytest.raises(TypeError, match="shares nothing and uploads nothing"):
-        type("Silent", (Method,), {"shared": ()})
-    with pytest.raises(TypeError, match="statistics"):
-        type(
-            "Counting",
-            (Method,),
-            {"passes": Passes(statistics_before=True, begin_local=True), "begin_local": lambda *a: a[1]},
-        )
-    after = dict(statistics_after=True, end_local=True)
-    hooks = {"end_local": lambda *a: a[1], "trained_statistics": lambda *a: {}}
-    # the engine reads the declaration, never the class
-    with pytest.raises(TypeError, match="defines trained_statistics but does not declare"):
-        type("Undeclared", (Method,), {"passes": Passes(**after), "statistics": lambda *a: {}, **hooks})
-    with pytest.raises(TypeError, match="not Passes\\(statistics_after=True\\)"):
-        type(
-            "Orphan",
-            (Method,),
-            {"passes": Passes(trained_statistics=True), "trained_statistics": hooks["trained_statistics"]},
-        )
-    type("Trained", (Method,), {"passes": Passes(**after, trained_statistics=True), **hooks})
-    type(
-        "Declared",
-        (Method,),
-        {"passes": Passes(begin_local=True), "begin_local": lambda self, client, server, stats, at: client},
+    hook = lambda self, client, server, stats, at: client  # noqa: E731
+    stats = lambda self, state, server, x, y, w: {}  # noqa: E731
+    assert type("Plain", (Method,), {}).passes == Passes()
+    assert type("Local", (Method,), {"shared": ()}).passes == Passes(upload=False)
+    assert type("Begins", (Method,), {"begin_local": hook, "statistics": stats}).passes == Passes(
+        begin_local=True, statistics_before=True
     )
+    both = type("Both", (Method,), {"begin_local": hook, "end_local": hook, "statistics": stats}).passes
+    assert both == Passes(begin_local=True, end_local=True, statistics_before=True, statistics_after=True)  # FedPAC
+    trained = type("Trained", (Method,), {"end_local": hook, "trained_statistics": stats}).passes
+    assert trained == Passes(end_local=True, statistics_after=True, trained_statistics=True)  # FedAS
+    assert METHODS["fedpac"].passes == both and METHODS["fedas"].passes.trained_statistics
+    with pytest.raises(TypeError, match="defines statistics but neither begin_local nor end_local"):
+        type("Counting", (Method,), {"statistics": stats})
+    with pytest.raises(TypeError, match="defines trained_statistics but not end_local"):
+        type("Orphan", (Method,), {"trained_statistics": stats})
+    with pytest.raises(TypeError, match="declares its passes, which are read from the hooks it defines"):
+        type("Declared", (Method,), {"passes": Passes(begin_local=True), "begin_local": hook})
 
 
 def test_hooks_receive_the_round_with_each_clients_samples_and_steps(monkeypatch):

@@ -259,10 +259,10 @@ METHOD_MISTAKES = {
         "line 2: RuntimeError: half-written",
     ),
     "a syntax error": ("class Bad(:\n", "does not import: line 1"),
-    "a hook without its pass": (
-        "from algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n    def begin_local(self, c, s, "
-        "st, at):\n        return c\n",
-        "does not declare Passes(begin_local=True)",
+    "sums with nowhere to go": (
+        "from algorithms import Method\nclass Bad(Method):\n    name = 'bad'\n    def statistics(self, state, "
+        "server, x, y, w):\n        return {}\n",
+        "defines statistics but neither begin_local nor end_local",
     ),
     "no such class": ("x = 1\n", "defines no 'Bad'"),
 }

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms import Method, Passes, Round, weighted_mean
+from algorithms import Method, Round, weighted_mean
 
 State = dict[str, torch.Tensor]
 
@@ -43,7 +43,7 @@ class {cls}(Method):
     paper = ""  # where it is published ("Author et al., VENUE YEAR"): `tuner methods` lists it
     source = ""  # the code or text this form follows
     shared = ("body.", "head.")  # prefixes of the tensors the server holds and clients upload
-    passes = Passes()  # optional hooks it takes, e.g. Passes(begin_local=True) to define begin_local
+    # the optional hooks below (begin_local, end_local, statistics, memory) run when defined, and only then
 
     @dataclass
     class Hparams:  # every field needs a default; --set name=value and space files set them
@@ -61,7 +61,7 @@ class {cls}(Method):
         """What a client takes from the server before it trains (at.number: the round it trains next)."""
         return {{**client, **{{k: v for k, v in server.items() if self.is_shared(k)}}}}
 
-    # With passes = Passes(begin_local=True):
+    # Optional, before local training:
     # def begin_local(self, client: State, server: State, stats: State, at: Round) -> State:
     #     return client
 
@@ -73,7 +73,7 @@ class {cls}(Method):
         """The local objective of one minibatch (add the method's terms, weighted by self.hp.mu)."""
         return F.cross_entropy(self.net.logits(state, x), y)
 
-    # With passes = Passes(end_local=True):
+    # Optional, after it:
     # def end_local(self, client: State, server: State, stats: State, at: Round) -> State:
     #     return client
 
