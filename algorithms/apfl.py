@@ -58,6 +58,7 @@ class APFLHparams:
 class APFL(Method):
     name = "apfl"
     title = "APFL"
+    origin = "baseline"
     paper = "Deng et al., 2020"
     source = "the paper; MLOPTPSU/FedTorch (mix: outputs)"
     Hparams = APFLHparams

@@ -58,6 +58,7 @@ class APPLEHparams:
 class APPLE(Method):
     name = "apple"
     title = "APPLE"
+    origin = "roster"
     paper = "Luo & Wu, IJCAI 2022"
     source = "ljaiverson/pFL-APPLE"
     Hparams = APPLEHparams
@@ -65,10 +66,10 @@ class APPLE(Method):
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
-        if len(training.client_samples) != training.clients:
+        if len(training.federation.client_samples) != training.clients:
             raise Unsupported(
                 "APPLE starts p_i at the clients' sample shares: build it with every client's training "
-                "samples (Training.client_samples)."
+                "samples (Federation.client_samples)."
             )
         # L: the pull's last round (read before the engine makes hyperparameters tensors)
         self.last = int(training.rounds * self.hp.reg_share)
@@ -85,7 +86,7 @@ class APPLE(Method):
 
     def init_client(self, model):
         device, dtype = model[self.net.param_keys[0]].device, model[self.net.param_keys[0]].dtype
-        samples = torch.tensor(self.training.client_samples, dtype=dtype, device=device)
+        samples = torch.tensor(self.training.federation.client_samples, dtype=dtype, device=device)
         p0 = samples / samples.sum()
         slots = {P: p0.clone(), P0: p0, OWN: torch.zeros_like(p0), REG: torch.zeros((), dtype=dtype, device=device)}
         mix = {

@@ -16,19 +16,15 @@ defines (read into `passes` when its class is defined):
     server_optimizer()              -> optimizer   how the default aggregate steps to the cohort's mean
     logits(state, server, x)        -> logits      how a client predicts (its personalized model)
 
-`at` is the `Round`: its number, the run's length, and the client's (or the cohort's) id, training
-samples and local steps. `stats` are sums over the client's data that `statistics` defines
-(Passes.statistics_before / statistics_after; `trained_statistics` where the pass after training sums
-other things, and `statistics_in_batches` where each call must hold whole run batches: FedAS); `memory` builds a
-datastore for prediction
-(Passes.memory); `eval_phases` fine-tunes copies before evaluation; `receive_phases` trains every client
-right after each broadcast, kept (FedALA); `carried` names client tensors a step's forward writes for the
-next step, as batch norm its statistics (FedDBE); `at.group` holds the ids of every client a hook runs for
-in this call (FedCross); a phase's `SGD.group_lrs` steps some tensors at a learning rate of their own (APPLE). Idioms
-several methods share
-(MMD, label counts, a plain cross-entropy, per-client slots on the server) are in
-`algorithms/common.py`. A method that cannot run a setting raises `Unsupported` with one sentence
-(from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone or federation).
+`at` is the `Round`: its number, the run's length, the client's (or the cohort's) id, training samples and
+local steps, and the ids of every client the call runs for (`at.group`). `stats` are sums over the client's data
+that `statistics` defines (Passes.statistics_before / statistics_after; `trained_statistics` where the pass after
+training sums other things); `eval_phases` fine-tunes copies before evaluation. Idioms several methods share (MMD,
+label counts, a plain cross-entropy, per-client slots on the server) are in `algorithms/common.py`. What a single
+method needs beyond this core (a held-out split, serial rounds, a datastore, training on receipt, ...) is a
+capability it names among its bases (algorithms/capabilities.py). A method that cannot run a setting raises
+`Unsupported` with one sentence (from its Hparams' __post_init__ for hyperparameters, from __init__ for a backbone
+or federation).
 
 Randomness is part of the contract: a method never draws from a global or device generator during
 a round. Modules it adds to the backbone (GPFL's valve, FedCP's policy network) are drawn on the
@@ -48,7 +44,7 @@ and `is_on(self.hp.lam)` (algorithms/common.py) tells whether a term is switched
 
 The engine maps each per-client function over a cohort one client at a time (sequential) or all
 at once with torch.func.vmap (vectorized), so a method must not branch on tensor values or mutate
-its inputs. This package depends on torch only.
+its inputs. This module depends on torch only (fedpac.py's server also uses cvxpy).
 
 A method in ten lines: FedProx's local loss, FedAvg's everything else (algorithms/fedprox.py is the real one).
 
@@ -163,15 +159,10 @@ class Method:
     Hparams: ClassVar[type] = NoHparams  # a dataclass; its __post_init__ may raise Unsupported
     shared: ClassVar[tuple[str, ...]] = ("body.", "head.")  # prefixes of what the server holds and clients upload
     passes: ClassVar[Passes] = Passes()  # read from the hooks it defines when its class is defined; never declared
-    holdout: ClassVar[float] = 0.0  # fraction of each client's training split kept for `statistics`, never trained on
-    serial: ClassVar[bool] = False  # clients of a round train one after another, the server aggregating after each
     draws: ClassVar[bool] = False  # loss, logits and statistics find a key for keyed noise under state[DRAW_KEY]
-    statistics_in_batches: ClassVar[bool] = (
-        # each statistics call holds whole batches of the run's batch size, in order (FedAS's per-batch Fisher trace)
-        False
-    )
-    # client tensors the loss updates in place each step, as batch norm its running statistics (FedDBE)
-    carried: ClassVar[tuple[str, ...]] = ()
+    # where a built-in method comes from: "paper" (GPFL, FedCP, FedPAC), "baseline" (a baseline of their tables) or
+    # "roster" (PFLlib's roster beyond them); its variants and reference forms inherit it. One's own: ""
+    origin: ClassVar[str] = ""
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
 
@@ -199,9 +190,9 @@ class Method:
         return shared if optimizer is None else {**shared, **prefixed_state(optimizer.init(shared))}
 
     def updated_in_place(self, key: str) -> bool:
-        """Tensors a training step's forward writes (batch norm's statistics, the method's `carried`): the engine hands
-        each step a copy and keeps what it wrote."""
-        return self.net.is_buffer(key) or key.startswith(self.carried)
+        """Tensors a training step's forward writes (batch norm's statistics; capabilities.Carried adds its own): the
+        engine hands each step a copy and keeps what it wrote."""
+        return self.net.is_buffer(key)
 
     def is_shared(self, key: str) -> bool:
         """Shared: under a shared prefix, BatchNorm statistics excepted (they stay with each client)."""
@@ -330,19 +321,8 @@ class Method:
         """How a client predicts: its personalized model's logits for a batch (default: its own backbone's)."""
         return self.net.logits(state, x)
 
-    def memory(self, state: State, server: State, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> State:
-        """Tensors added to a client's state for prediction: one row per training sample (dim 0), computed
-        a batch at a time over the client's whole training split and joined (w: 0 for padding)."""
-        raise NotImplementedError
-
     def eval_phases(self) -> list[Phase]:
         """Local training run on a copy of each client before it is evaluated (fine-tuning baselines)."""
-        return []
-
-    def receive_phases(self) -> list[Phase]:
-        """Local training every client runs right after each broadcast of a trained model (not the initial one), on its
-        own training data, kept in its state (FedALA's adaptive local aggregation): what it predicts with and what it
-        trains from next."""
         return []
 
 
@@ -362,7 +342,7 @@ def _declaration_problem(cls: type[Method]) -> str | None:
 def _passes(cls: type[Method]) -> Passes:
     """The optional passes a method takes, from the hooks it defines: `statistics` go to each of begin_local and
     end_local it defines (end_local gets `trained_statistics` instead where it defines those), its clients upload
-    what it shares or what its `upload` returns, and a `memory` joins each client's state for prediction."""
+    what it shares or what its `upload` returns."""
     defines = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
     statistics, trained = defines("statistics"), defines("trained_statistics")
     return Passes(
@@ -372,5 +352,4 @@ def _passes(cls: type[Method]) -> Passes:
         statistics_after=trained or (statistics and defines("end_local")),
         trained_statistics=trained,
         upload=bool(cls.shared) or defines("upload") or defines("aggregate"),
-        memory=defines("memory"),
     )

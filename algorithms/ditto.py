@@ -29,6 +29,7 @@ class DittoHparams:
 class Ditto(Method):
     name = "ditto"
     title = "Ditto"
+    origin = "baseline"
     paper = "Li et al., ICML 2021"
     source = "litian96/ditto"
     Hparams = DittoHparams

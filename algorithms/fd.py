@@ -43,6 +43,7 @@ class FDHparams:
 class FD(Method):
     name = "fd"
     title = "FD"
+    origin = "roster"
     paper = "Jeong et al., 2018"
     source = "PFLlib clientfd.py"
     Hparams = FDHparams

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
+from algorithms.capabilities import TrainsOnReceipt
 from algorithms.optimizers import SGD
 from algorithms.rounds import Phase
 
@@ -54,9 +55,10 @@ def unit_interval(weights):
     return {k: v.clamp(0.0, 1.0) for k, v in weights.items()}
 
 
-class FedALA(Method):
+class FedALA(TrainsOnReceipt, Method):
     name = "fedala"
     title = "FedALA"
+    origin = "roster"
     paper = "Zhang et al., AAAI 2023"
     source = "TsingZ0/FedALA (= PFLlib utils/ALA.py)"
     Hparams = FedALAHparams

@@ -31,6 +31,7 @@ class FedAMPHparams:
 class FedAMP(Method):
     name = "fedamp"
     title = "FedAMP"
+    origin = "baseline"
     paper = "Huang et al., AAAI 2021"
     source = "the paper; PFLlib clientamp.py"
     Hparams = FedAMPHparams

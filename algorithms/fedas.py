@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from algorithms.base import Method
+from algorithms.capabilities import BatchedStatistics
 from algorithms.common import class_sums, weighted_mean
 from algorithms.optimizers import SGD
 from algorithms.rounds import Phase
@@ -45,14 +46,14 @@ class FedASHparams:
     fisher: bool = True  # Fisher-weighted aggregation; False: the sample-weighted mean (the authors' wo_global)
 
 
-class FedAS(Method):
+class FedAS(BatchedStatistics, Method):
     name = "fedas"
     title = "FedAS"
+    origin = "roster"
     paper = "Yang et al., CVPR 2024"
     source = "xiyuanyang45/FedAS (= PFLlib clientas.py)"
     Hparams = FedASHparams
     shared = ("body.",)
-    statistics_in_batches = True  # the trace sums over whole batches of the run's size
 
     def init_client(self, model):
         device, dtype = model[self.net.param_keys[0]].device, model[self.net.param_keys[0]].dtype

@@ -11,5 +11,6 @@ from algorithms.base import Method
 class FedAvg(Method):
     name = "fedavg"
     title = "FedAvg"
+    origin = "baseline"
     paper = "McMahan et al., AISTATS 2017"
     source = "PFLlib serveravg.py"

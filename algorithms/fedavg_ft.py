@@ -23,6 +23,7 @@ class FedAvgFTHparams:
 class FedAvgFT(Method):
     name = "fedavg_ft"
     title = "FedAvg-FT"
+    origin = "baseline"
     paper = "FedPAC's FedAvg-FT baseline (Xu et al., ICLR 2023)"
     source = "JianXu95/FedPAC"
     Hparams = FedAvgFTHparams

@@ -22,6 +22,7 @@ class FedBABUHparams:
 class FedBABU(Method):
     name = "fedbabu"
     title = "FedBABU"
+    origin = "baseline"
     paper = "Oh et al., ICLR 2022"
     source = "PFLlib clientbabu.py"
     Hparams = FedBABUHparams

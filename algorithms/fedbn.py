@@ -19,6 +19,7 @@ from algorithms.base import Method, Unsupported
 class FedBN(Method):
     name = "fedbn"
     title = "FedBN"
+    origin = "roster"
     paper = "Li et al., ICLR 2021"
     source = "the paper's Algorithm 1"
 

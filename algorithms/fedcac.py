@@ -58,6 +58,7 @@ def critical_mask(before: torch.Tensor, after: torch.Tensor, tau) -> torch.Tenso
 class FedCAC(Method):
     name = "fedcac"
     title = "FedCAC"
+    origin = "roster"
     paper = "Wu et al., ICCV 2023"
     source = "PFLlib clientcac.py; the authors' configs"
     Hparams = FedCACHparams

@@ -54,6 +54,7 @@ class FedCPHparams:
 class FedCP(Method):
     name = "fedcp"
     title = "FedCP"
+    origin = "paper"
     paper = "Zhang et al., KDD 2023"
     source = "the paper"
     Hparams = FedCPHparams

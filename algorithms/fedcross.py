@@ -39,6 +39,7 @@ class FedCrossHparams:
 class FedCross(Method):
     name = "fedcross"
     title = "FedCross"
+    origin = "roster"
     paper = "Hu et al., ICDE 2024"
     source = "PFLlib clientcross.py"
     Hparams = FedCrossHparams
@@ -47,7 +48,7 @@ class FedCross(Method):
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)
         # the largest cohort (tuner.engine.draws.sample_cohort)
-        self.models = min(training.clients, max(1, round(training.participation_max * training.clients)))
+        self.models = min(training.clients, max(1, round(training.federation.participation_max * training.clients)))
         if self.models < 2:
             raise Unsupported(
                 "FedCross cross-aggregates the models of at least two clients a round: raise join_ratio or "

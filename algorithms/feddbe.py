@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method
+from algorithms.capabilities import Carried
 from algorithms.common import weighted_mean
 
 BIAS, RUNNING = "dbe.bias", "dbe.running"
@@ -39,9 +40,10 @@ class FedDBEHparams:
     rho: float = 1.0  # ρ, the running mean's momentum (authors' Fashion-MNIST run: -mo 1)
 
 
-class FedDBE(Method):
+class FedDBE(Carried, Method):
     name = "feddbe"
     title = "FedDBE"
+    origin = "roster"
     paper = "Zhang et al., NeurIPS 2023"
     source = "TsingZ0/DBE clientDBE.py (= PFLlib clientdbe.py)"
     Hparams = FedDBEHparams

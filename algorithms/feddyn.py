@@ -47,6 +47,7 @@ class FedDynHparams:
 class FedDyn(Method):
     name = "feddyn"
     title = "FedDyn"
+    origin = "roster"
     paper = "Acar et al., ICLR 2021"
     source = "the paper's Algorithm 1; PFLlib clientdyn.py (alpemreacar/FedDyn's differences in the docstring)"
     Hparams = FedDynHparams

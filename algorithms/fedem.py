@@ -44,6 +44,7 @@ class FedEMHparams:
 class FedEM(Method):
     name = "fedem"
     title = "FedEM"
+    origin = "baseline"
     paper = "Marfoq et al., NeurIPS 2021"
     source = "omarfoq/FedEM"
     Hparams = FedEMHparams

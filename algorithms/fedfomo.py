@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from algorithms.base import Method
+from algorithms.capabilities import HeldOut
 from algorithms.common import per_client
 
 MODELS, AFFINITY, OLD = "fomo.models.", "fomo.affinity", "fomo.old."
@@ -40,9 +41,10 @@ class FedFomoHparams:
     m: int = 5  # models downloaded per round (the paper's recommendation, FedPAC's and PFLlib's value)
 
 
-class FedFomo(Method):
+class FedFomo(HeldOut, Method):
     name = "fedfomo"
     title = "FedFomo"
+    origin = "baseline"
     paper = "Zhang et al., ICLR 2021"
     source = "PFLlib clientfomo.py"
     Hparams = FedFomoHparams

@@ -42,6 +42,7 @@ class FedGCHparams:
 class FedGC(Method):
     name = "fedgc"
     title = "FedGC"
+    origin = "roster"
     paper = "Niu & Deng, AAAI 2022"
     source = "PFLlib clientgc.py"
     Hparams = FedGCHparams

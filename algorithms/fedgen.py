@@ -49,6 +49,7 @@ class Generator(nn.Module):
 class FedGen(Method):
     name = "fedgen"
     title = "FedGen"
+    origin = "roster"
     paper = "Zhu et al., ICML 2021"
     source = "PFLlib clientgen.py"
     Hparams = FedGenHparams
@@ -60,7 +61,7 @@ class FedGen(Method):
         self.generator = Generator(self.hp.noise_dim, training.num_classes, self.hp.hidden_dim, net.feature_dim).to(
             device
         )
-        counts = torch.tensor(training.class_counts or [1] * training.num_classes, dtype=torch.float64)
+        counts = torch.tensor(training.federation.class_counts or [1] * training.num_classes, dtype=torch.float64)
         # draws ỹ by the federation's label frequencies
         self.label_cdf = (counts.cumsum(0) / counts.sum())[:-1].tolist()
 

@@ -36,6 +36,7 @@ class FedGHHparams:
 class FedGH(Method):
     name = "fedgh"
     title = "FedGH"
+    origin = "roster"
     paper = "Yi et al., ACM MM 2023"
     source = "PFLlib clientgh.py"
     Hparams = FedGHHparams

@@ -55,6 +55,7 @@ def truncated(w: torch.Tensor, energy) -> torch.Tensor:
 class FedKD(Method):
     name = "fedkd"
     title = "FedKD"
+    origin = "roster"
     paper = "Wu et al., Nature Communications 2022"
     source = "PFLlib clientkd.py"
     Hparams = FedKDHparams

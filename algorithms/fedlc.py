@@ -14,10 +14,9 @@ class it lacks counted as 1e-8 (its calibration 100 τ: out of the softmax in ef
 and left it commented out; its gradient in f_y is −1 whatever the margin, so it never saturates and the
 logits grow without bound; both codes train with the full softmax instead, as here.
 `fedlc-pfllib` is PFLlib's form (serverlc.py): every client calibrated by the counts of the whole federation,
-one vector for all (`Training.class_counts`). Measured (docs/methods.md): under strong skew a one-class
-client's calibrated loss here is zero (every other class is out of its softmax), so it teaches nothing, and
-on digits dir:0.1 this form stays near 19 % where FedAvg reaches 75 %; PFLlib's form, whose calibration is
-the same for every client, trains as a FedAvg with a fixed logit offset.
+one vector for all (`Federation.class_counts`). Under strong skew a one-class client's calibrated loss here is
+zero (every other class is out of its softmax), so it teaches nothing; PFLlib's form, whose calibration is the
+same for every client, trains as a FedAvg with a fixed logit offset (the curves of both: docs/methods.md).
 """
 
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ class FedLCHparams:
 class FedLC(Method):
     name = "fedlc"
     title = "FedLC"
+    origin = "roster"
     paper = "Zhang et al., ICML 2022"
     source = "FL-bench fedlc.py"
     Hparams = FedLCHparams
@@ -67,5 +67,7 @@ class FedLCPfllib(FedLC):
     family = "fedlc"
 
     def begin_local(self, client, server, stats, at):
-        counts = torch.tensor(self.training.class_counts, dtype=client[COUNTS].dtype, device=client[COUNTS].device)
+        counts = torch.tensor(
+            self.training.federation.class_counts, dtype=client[COUNTS].dtype, device=client[COUNTS].device
+        )
         return {COUNTS: counts}

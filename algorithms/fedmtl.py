@@ -33,6 +33,7 @@ class FedMTLHparams:
 class FedMTL(Method):
     name = "fedmtl"
     title = "FedMTL"
+    origin = "roster"
     paper = "Smith et al., NeurIPS 2017 (MOCHA)"
     source = "PFLlib clientmtl.py"
     Hparams = FedMTLHparams

@@ -46,6 +46,7 @@ def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, t
 class FedNTD(Method):
     name = "fedntd"
     title = "FedNTD"
+    origin = "roster"
     paper = "Lee et al., NeurIPS 2022"
     source = "Lee-Gihun/FedNTD"
     Hparams = FedNTDHparams

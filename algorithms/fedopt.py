@@ -29,6 +29,7 @@ class FedOptHparams:
 class FedAdam(Method):
     name = "fedadam"
     title = "FedAdam"
+    origin = "baseline"
     paper = "Reddi et al., ICLR 2021"
     source = "the paper's Algorithm 2"
     Hparams = FedOptHparams

@@ -87,6 +87,7 @@ class SimplexQPs:
 class FedPAC(Method):
     name = "fedpac"
     title = "FedPAC"
+    origin = "paper"
     paper = "Xu et al., ICLR 2023"
     source = "the paper"
     Hparams = FedPACHparams

@@ -39,6 +39,7 @@ class FedPCLHparams:
 class FedPCL(Method):
     name = "fedpcl"
     title = "FedPCL"
+    origin = "roster"
     paper = "Tan et al., NeurIPS 2022"
     source = "PFLlib clientpcl.py"
     Hparams = FedPCLHparams

@@ -12,6 +12,7 @@ from algorithms.base import Method
 class FedPer(Method):
     name = "fedper"
     title = "FedPer"
+    origin = "baseline"
     paper = "Arivazhagan et al., 2019"
     source = "PFLlib clientper.py"
     shared = ("body.",)

@@ -40,6 +40,7 @@ class FedPHPHparams:
 class FedPHP(Method):
     name = "fedphp"
     title = "FedPHP"
+    origin = "baseline"
     paper = "Li et al., ECML-PKDD 2021"
     source = "the paper; FedRepo fedphp.py"
     Hparams = FedPHPHparams

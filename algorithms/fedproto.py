@@ -29,6 +29,7 @@ class FedProtoHparams:
 class FedProto(Method):
     name = "fedproto"
     title = "FedProto"
+    origin = "baseline"
     paper = "Tan et al., AAAI 2022"
     source = "PFLlib clientproto.py"
     Hparams = FedProtoHparams

@@ -20,6 +20,7 @@ class FedProxHparams:
 class FedProx(Method):
     name = "fedprox"
     title = "FedProx"
+    origin = "baseline"
     paper = "Li et al., MLSys 2020"
     source = "PFLlib clientprox.py"
     Hparams = FedProxHparams

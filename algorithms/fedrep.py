@@ -19,6 +19,7 @@ class FedRepHparams:
 class FedRep(Method):
     name = "fedrep"
     title = "FedRep"
+    origin = "baseline"
     paper = "Collins et al., ICML 2021"
     source = "PFLlib clientrep.py"
     Hparams = FedRepHparams

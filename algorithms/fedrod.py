@@ -19,6 +19,7 @@ PRIOR = "rod.log_prior"
 class FedRoD(Method):
     name = "fedrod"
     title = "FedRoD"
+    origin = "baseline"
     paper = "Chen & Chao, ICLR 2022"
     source = "PFLlib clientrod.py"
     shared = ("body.", "head.")

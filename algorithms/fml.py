@@ -42,6 +42,7 @@ def kl(teacher_logits, student_logits):
 class FML(Method):
     name = "fml"
     title = "FML"
+    origin = "roster"
     paper = "Shen et al., 2020"
     source = "the paper; PFLlib clientfml.py"
     Hparams = FMLHparams

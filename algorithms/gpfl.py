@@ -66,6 +66,7 @@ class ConditionalValve(nn.Module):
 class GPFL(Method):
     name = "gpfl"
     title = "GPFL"
+    origin = "paper"
     paper = "Zhang et al., ICCV 2023"
     source = "the paper"
     Hparams = GPFLHparams

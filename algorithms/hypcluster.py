@@ -30,6 +30,7 @@ class HypClusterHparams:
 class HypCluster(Method):
     name = "hypcluster"
     title = "HypCluster"
+    origin = "baseline"
     paper = "Mansour et al., 2020"
     source = "the paper, as FedPAC's baseline"
     Hparams = HypClusterHparams

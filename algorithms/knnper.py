@@ -16,10 +16,8 @@ From the original code (omarfoq/knn-per):
   over {0.5, 0.6, 0.7, 0.8} (Appendix B.3). The rule here is ours, neither theirs: with `lam` unset,
   each client takes the λ of FedPAC's grid with the best leave-one-out accuracy over its own
   datastore (each training sample predicted by the model and its k nearest other samples), so the
-  choice never reads test data. Measured against a fixed λ = 0.5 on FedPAC's split (bench/knn_lambda.py,
-  docs/reproduction.md): better in each of 20 rounds (by 3.2 to 5.0 points after round 1), and it leans
-  to the kNN's share, not the model's (the clients' mean λ 0.73 to 0.79 after round 1). A set `lam` is
-  used as given (a sweep can tune it).
+  choice never reads test data. How it compares with a fixed λ = 0.5 on FedPAC's split is measured by
+  bench/knn_lambda.py (figures: docs/reproduction.md). A set `lam` is used as given (a sweep can tune it).
 - `mix = "logits"` is what the original scripts run: `--interpolate_logits` has
   default="store_true", a true string, so the model's logits (not its probabilities) are mixed
   with the kNN probabilities. The paper's eq. 4 mixes probabilities, the default here;
@@ -32,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, Unsupported
+from algorithms.capabilities import Memory
 from algorithms.variants import variant
 
 KEYS, LABELS, MASK = "knn.keys", "knn.labels", "knn.mask"
@@ -54,9 +53,10 @@ class KNNPerHparams:
             raise Unsupported(f"kNN-Per's mix must be one of {', '.join(MIXES)}, not '{self.mix}'.")
 
 
-class KNNPer(Method):
+class KNNPer(Memory, Method):
     name = "knn-per"
     title = "kNN-Per"
+    origin = "baseline"
     paper = "Marfoq et al., ICML 2022"
     source = "the paper; omarfoq/knn-per"
     Hparams = KNNPerHparams

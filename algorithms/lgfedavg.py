@@ -11,6 +11,7 @@ from algorithms.base import Method
 class LGFedAvg(Method):
     name = "lg-fedavg"
     title = "LG-FedAvg"
+    origin = "baseline"
     paper = "Liang et al., 2020"
     source = "PFLlib clientlg.py"
     shared = ("head.",)

@@ -10,6 +10,7 @@ from algorithms.base import Method
 class Local(Method):
     name = "local"
     title = "Local-only"
+    origin = "baseline"
     paper = "the tables' Local-only baseline"
     source = "PFLlib serverlocal.py"
     shared = ()

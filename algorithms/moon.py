@@ -40,6 +40,7 @@ class MOONHparams:
 class MOON(Method):
     name = "moon"
     title = "MOON"
+    origin = "roster"
     paper = "Li et al., CVPR 2021"
     source = "PFLlib clientmoon.py"
     Hparams = MOONHparams

@@ -36,6 +36,7 @@ class PerFedAvgHparams:
 class PerFedAvg(Method):
     name = "per-fedavg"
     title = "Per-FedAvg"
+    origin = "baseline"
     paper = "Fallah et al., NeurIPS 2020"
     source = "PFLlib clientperavg.py"
     Hparams = PerFedAvgHparams

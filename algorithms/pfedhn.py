@@ -6,7 +6,7 @@ layer from the embedding, then `layers` times ReLU and a linear layer, no ReLU a
 reference CNNHyper with n_hidden = 3, four linear layers), and one linear head per backbone
 tensor; and its optimizer's momentum.
 Receiving: θ_i = h(v_i; φ) (BatchNorm statistics stay the client's own).
-The round's clients train one after another (`serial`, Algorithm 1): each receives θ_i from φ
+The round's clients train one after another (`Serial`, Algorithm 1): each receives θ_i from φ
 as the previous client's step left it.
 Local round: the local epochs on cross-entropy from θ_i.
 Upload: the trained θ̃_i. Server, after each client: Δθ_i = θ_i − θ̃_i; the gradient
@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from algorithms.base import Method, Unsupported
+from algorithms.capabilities import Serial
 from algorithms.common import prefixed, substate
 from algorithms.optimizers import SGD
 
@@ -56,14 +57,14 @@ class Hypernetwork(nn.Module):
         return {k: self.heads[k.replace(".", "_")](h).view(s) for k, s in self.shapes.items()}
 
 
-class PFedHN(Method):
+class PFedHN(Serial, Method):
     name = "pfedhn"
     title = "pFedHN"
+    origin = "baseline"
     paper = "Shamsian et al., ICML 2021"
     source = "AvivSham/pFedHN"
     Hparams = PFedHNHparams
     shared = ()
-    serial = True  # Algorithm 1: a hypernetwork step after every client
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

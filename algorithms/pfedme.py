@@ -48,6 +48,7 @@ class PFedMeHparams:
 class PFedMe(Method):
     name = "pfedme"
     title = "pFedMe"
+    origin = "baseline"
     paper = "Dinh et al., NeurIPS 2020"
     source = "the paper (θ_i predicts)"
     Hparams = PFedMeHparams

@@ -30,6 +30,7 @@ class PFLDAHparams:
 class PFLDA(Method):
     name = "pflda"
     title = "PFL-DA"
+    origin = "roster"
     paper = "Zhang et al., Technometrics 2023"
     source = "PFLlib clientda.py"
     Hparams = PFLDAHparams

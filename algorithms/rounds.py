@@ -85,7 +85,19 @@ class Passes:
     statistics_after: bool = False  # ... with the trained model, handed to end_local
     trained_statistics: bool = False  # the pass after training sums `trained_statistics`, not `statistics` (FedAS)
     upload: bool = True  # clients upload and the server aggregates
-    memory: bool = False  # `memory` of each client's whole training split joins its state for prediction
+
+
+@dataclass(frozen=True)
+class Federation:
+    """Facts of the whole federation that a method may read when it is built, as the reference code's servers read
+    them at start; the engine fills them for every run, and most methods read none."""
+
+    # the federation's training samples per class (FedGen's label draws, FedLC-PFLlib's one calibration vector)
+    class_counts: tuple[int, ...] = ()
+    # every client's training samples (APPLE's p_0)
+    client_samples: tuple[int, ...] = ()
+    # the largest share of clients in a round (join_ratio's upper end: FedCross's middleware count)
+    participation_max: float = 1.0
 
 
 @dataclass
@@ -102,9 +114,4 @@ class Training:
     rounds: int = 1  # the run's communication rounds
     participation: float = 1.0  # the mean share of clients that train in a round (ρ)
     seed: int = 0  # the run's seed: what a method draws for itself (pFedHN's hypernetwork) is drawn from it
-    # the federation's training samples per class, as PFLlib's servers read them at start (FedGen's label draws)
-    class_counts: tuple[int, ...] = ()
-    # the largest share of clients in a round (join_ratio's upper end: FedCross's middleware count)
-    participation_max: float = 1.0
-    # every client's training samples, as the servers of APPLE's code read them at start (its p_0)
-    client_samples: tuple[int, ...] = ()
+    federation: Federation = Federation()  # facts of the federation some methods read when built

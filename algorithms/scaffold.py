@@ -26,6 +26,7 @@ C, CI, DELTA = "scaffold.c.", "scaffold.ci.", "scaffold.dci."
 class SCAFFOLD(Method):
     name = "scaffold"
     title = "SCAFFOLD"
+    origin = "baseline"
     paper = "Karimireddy et al., ICML 2020"
     source = "the paper (option II); PFLlib clientscaffold.py"
     shared = ("body.", "head.")

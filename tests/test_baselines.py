@@ -8,12 +8,14 @@ from simulations import batch, client, sim_for
 from torch.func import grad
 from typer.testing import CliRunner
 
-from algorithms import BASELINES, METHODS, ROSTER
+from algorithms import METHODS
 from tuner.cli import app
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [m.name for m in BASELINES + ROSTER])
+@pytest.mark.parametrize(
+    "method", [name for name, m in METHODS.items() if m.origin in ("baseline", "roster") and not m.family]
+)
 def test_resume_from_a_state_dict_is_exact(method):
     import io
 
@@ -485,9 +487,9 @@ def test_knn_per_interpolates_the_global_model_with_neighbours_from_the_clients_
     sim = sim_for("knn-per", 1)
     m = sim.method
     everyone = sim.at(1, list(range(6)))
-    memory = sim._memory(sim.clients, everyone)
+    memory = sim._memory(sim.method, sim.clients, everyone)
     sim.settings.eval_batch = 16  # the datastore is built a batch at a time: the same rows
-    for k, v in sim._memory(sim.clients, everyone).items():
+    for k, v in sim._memory(sim.method, sim.clients, everyone).items():
         torch.testing.assert_close(v, memory[k])
     n = sim.data.train.counts[2]
     assert torch.equal(memory["knn.labels"][2][:n], sim.data.train.client(2)[1]) and memory["knn.mask"][2].sum() == n

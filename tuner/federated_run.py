@@ -19,7 +19,7 @@ import yaml
 
 from algorithms.base import Method, Unsupported
 from algorithms.net import Net
-from algorithms.rounds import Training
+from algorithms.rounds import Federation, Training
 from tuner.data.dataset import Dataset
 from tuner.data.datasets import load_dataset
 from tuner.data.federated import FederatedData, build
@@ -194,9 +194,11 @@ def build_method(cfg: RunPlan, data: FederatedData) -> Method:
         rounds=cfg.rounds,
         participation=sum(cfg.join) / 2,
         seed=cfg.seed,
-        class_counts=class_counts,
-        participation_max=cfg.join[1],
-        client_samples=tuple(int(c) for c in data.train.counts),
+        federation=Federation(
+            class_counts=class_counts,
+            client_samples=tuple(int(c) for c in data.train.counts),
+            participation_max=cfg.join[1],
+        ),
     )
     with torch.random.fork_rng(devices=[]):  # the CPU generator alone: it is restored after, and no device draws
         torch.random.default_generator.manual_seed(cfg.seed)

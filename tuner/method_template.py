@@ -43,7 +43,7 @@ class {cls}(Method):
     paper = ""  # where it is published ("Author et al., VENUE YEAR"): `tuner methods` lists it
     source = ""  # the code or text this form follows
     shared = ("body.", "head.")  # prefixes of the tensors the server holds and clients upload
-    # the optional hooks below (begin_local, end_local, statistics, memory) run when defined, and only then
+    # the optional hooks below (begin_local, end_local, statistics) run when defined, and only then
 
     @dataclass
     class Hparams:  # every field needs a default; --set name=value and space files set them

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Method, State, hyperparameter_inputs
+from algorithms.capabilities import BatchedStatistics, HeldOut, Memory, Serial, TrainsOnReceipt
 from algorithms.rounds import Round
 from tuner.data.federated import FederatedData
 from tuner.engine.draws import (
@@ -58,7 +59,7 @@ class Simulation:
     """A whole federated run: its state, one round at a time."""
 
     def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
-        if method.holdout:
+        if isinstance(method, HeldOut):
             data = data.hold_out(method.holdout)
         model = method.net.initial_state()
         n = data.num_clients
@@ -105,14 +106,13 @@ class Simulation:
         out = self._per_client(
             self.method.broadcast, "broadcast", {k: v[at.clients] for k, v in self.clients.items()}, at
         )
-        phases = self.method.receive_phases()
         # every client that received a trained model trains on it at once (FedALA); not the initial one
-        if phases and self.round > 0:
+        if isinstance(self.method, TrainsOnReceipt) and self.round > 0:
             out = {
                 **{k: v[at.clients] for k, v in self.clients.items()},
                 **{k: v.clone() for k, v in out.items()},
             }  # (broadcast may hand back expanded views)
-            self.executor.train(phases, out, self.server, at, RECEIVE_STREAM)
+            self.executor.train(self.method.receive_phases(), out, self.server, at, RECEIVE_STREAM)
         for k, v in out.items():
             self.clients[k][at.clients] = v
 
@@ -123,7 +123,7 @@ class Simulation:
             m, split, after = self.method, self.data.holdout or self.data.train, name == "end_local"
             own = after and m.passes.trained_statistics
             fn, label = (m.trained_statistics, "trained_statistics") if own else (m.statistics, "statistics")
-            multiple = m.training.batch_size if m.statistics_in_batches else 1
+            multiple = m.training.batch_size if isinstance(m, BatchedStatistics) else 1
             stats = self.executor.sum_over(
                 fn, cohort, self.server, split, label, at, STATISTICS_STREAM + after, multiple
             )
@@ -135,7 +135,7 @@ class Simulation:
         return {"correct": (hits * w).sum(), "loss": (F.cross_entropy(out, y, reduction="none") * w).sum()}
 
     @torch.no_grad()
-    def _memory(self, clients: State, at: Round) -> State:
+    def _memory(self, method: Memory, clients: State, at: Round) -> State:
         """The method's memory of every client's whole training split, padded to the largest client:
         computed eval_batch samples at a time (a whole split at once can outgrow any memory) and
         joined along the sample axis."""
@@ -145,7 +145,7 @@ class Simulation:
         for start in range(0, longest, self.settings.eval_batch):
             index, mask = train.padded_index(at.clients, start, self.settings.eval_batch)
             x, y, w = self.data.decode(train.x[index]), train.y[index], mask.to(float_type(clients))
-            parts.append(self.executor.map(self.method.memory, clients, self.server, x, y, w, hook="memory", at=at))
+            parts.append(self.executor.map(method.memory, clients, self.server, x, y, w, hook="memory", at=at))
         return {k: torch.cat([p[k] for p in parts], 1)[:, :longest] for k in parts[0]}
 
     def evaluate(self) -> dict[str, float]:
@@ -154,8 +154,8 @@ class Simulation:
         if self.method.eval_phases():  # fine-tune copies of every client first
             clients = {k: v.clone() for k, v in clients.items()}
             self.executor.train(self.method.eval_phases(), clients, self.server, at, FINE_TUNE_STREAM)
-        if self.method.passes.memory:
-            clients = {**clients, **self._memory(clients, at)}
+        if isinstance(self.method, Memory):
+            clients = {**clients, **self._memory(self.method, clients, at)}
         row: dict[str, Any] = {}
         for prefix, split, stream in (("", self.data.test, TEST_STREAM), ("val_", self.data.val, VAL_STREAM)):
             if split is None:
@@ -193,7 +193,7 @@ class Simulation:
         ids = sample_cohort(
             s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds
         )
-        groups = [[i] for i in ids] if self.method.serial else [ids]
+        groups = [[i] for i in ids] if isinstance(self.method, Serial) else [ids]
         losses = []
         for g, group in enumerate(groups):
             if g:  # a serial round: the server has moved since the previous client

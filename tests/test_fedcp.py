@@ -1,0 +1,52 @@
+"""FedCP (Zhang et al., KDD 2023): the policy's split of features, the frozen global head and the Gumbel form."""
+
+import pytest
+import torch
+from simulations import client, sim_for
+
+from tuner.settings.config import RunConfig
+
+
+def test_fedcp_policy_sums_to_one_elementwise():
+    sim = sim_for("fedcp", 1)
+    m, state = sim.method, client(sim, 2)
+    x, _ = sim.data.train.client(2)
+    h = m.net.features(state, sim.data.decode(x[:16]))
+    r, s = m._policy(state, h)
+    assert r.shape == h.shape and (r > 0).all() and (s > 0).all()
+    torch.testing.assert_close(r + s, torch.ones_like(r))
+
+
+def test_fedcp_global_head_is_frozen_and_upload_head_is_the_mean():
+    sim = sim_for("fedcp")
+    ids = [0, 1, 2]
+    cohort = {k: v[ids].clone() for k, v in sim.clients.items()}
+    server_before = {k: v.clone() for k, v in sim.server.items()}
+    at = sim.at(1, ids)
+    cohort = sim._local_hook(sim.method.begin_local, "begin_local", False, cohort, at)
+    sim.executor.train(sim.method.phases(), cohort, sim.server, at, 0)
+    assert all(torch.equal(server_before[k], sim.server[k]) for k in sim.server)  # W^hd, W^fe untouched
+    assert not torch.equal(cohort["head.weight"][0], sim.server["head.weight"])  # the personal head learned
+    state = {k: v[0] for k, v in cohort.items()}
+    up = sim.method.upload(state, sim.server)
+    torch.testing.assert_close(up["head.weight"], (sim.server["head.weight"] + state["head.weight"]) / 2)  # eq. 6
+    torch.testing.assert_close(state["fedcp.v"], sim.clients["head.weight"][0].sum(0))  # v_i from before training
+
+
+def test_fedcp_gumbel_form_runs_vectorized_and_resumes_exactly():
+    straight = sim_for("fedcp-gumbel", 2)
+    half = sim_for("fedcp-gumbel", 1)
+    saved = half.state_dict()
+    resumed = sim_for("fedcp-gumbel")
+    torch.manual_seed(123)  # whatever happened in between, the saved generator state wins
+    resumed.load_state_dict(saved)
+    resumed.step()
+    for k in straight.clients:
+        assert torch.equal(straight.clients[k], resumed.clients[k]), k
+
+
+def test_fedcp_refuses_cpn_without_global_head():
+    from tuner.errors import UserError
+
+    with pytest.raises(UserError, match="cannot keep the CPN"):
+        RunConfig(method="fedcp", dataset="digits", hparams={"gh": False}).resolved()
