@@ -23,7 +23,7 @@ from tuner.errors import UserError
 from tuner.federated_run import build_simulation, run
 from tuner.report.intervals import difference
 from tuner.settings.schedule import ROUNDS_FILE, load_schedule, read_rounds
-from tuner.sweep.space import load_space
+from tuner.sweep.space_file import load_space
 from tuner.sweep.trials import trial_config
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"

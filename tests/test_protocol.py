@@ -101,7 +101,7 @@ def test_one_table_of_paper_defaults(method, settings, expected):
 
 def test_the_search_space_default_point_and_reproduce_use_the_table(tmp_path):
     from tuner.experiments.reproduce import cells
-    from tuner.sweep.space import load_space
+    from tuner.sweep.space_file import load_space
 
     space = tmp_path / "s.yaml"
     space.write_text(

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.errors import UserError
-from tuner.sweep.space import load_space
+from tuner.sweep.space_file import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 

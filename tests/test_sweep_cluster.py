@@ -23,7 +23,7 @@ PLACEMENT = textwrap.dedent("""
     from pathlib import Path
     import ray
     from ray.cluster_utils import Cluster
-    from tuner.sweep.space import load_space
+    from tuner.sweep.space_file import load_space
     from tuner.sweep.cluster import Resources
     from tuner.sweep.stages import sweep
     from tuner.cli import app

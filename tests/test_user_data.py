@@ -375,7 +375,7 @@ def test_the_own_data_example_space_sweeps_any_method_over_the_sites_file(tmp_pa
     """docs/own_code.md's worked example: make_sites.py's file, read through a space with no method."""
     import runpy
 
-    from tuner.sweep.space import load_space
+    from tuner.sweep.space_file import load_space
 
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(ROOT / "examples" / "make_sites.py"))

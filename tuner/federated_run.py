@@ -35,6 +35,7 @@ from tuner.settings.config import RunConfig, RunPlan, apply_settings
 from tuner.settings.schedule import SCHEDULE_FILE, load_schedule, settings_at
 from tuner.settings.tuned_files import checkout_commit
 
+Decode = Callable[[torch.Tensor], torch.Tensor]  # stored samples to model inputs
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
 
 
@@ -182,7 +183,6 @@ def build_method(cfg: RunPlan, data: FederatedData) -> Method:
     """The run's method over its backbone, both drawn from the run's seed (the same for every executor and resume);
     `cfg` resolved."""
     method_cls = method_class(cfg.method)
-    class_counts = tuple(torch.bincount(data.train.y.cpu(), minlength=data.num_classes).tolist())
     training = Training(
         lr=cfg.lr,
         local_epochs=cfg.local_epochs,
@@ -195,7 +195,7 @@ def build_method(cfg: RunPlan, data: FederatedData) -> Method:
         participation=sum(cfg.join) / 2,
         seed=cfg.seed,
         federation=Federation(
-            class_counts=class_counts,
+            class_counts=tuple(torch.bincount(data.train.y.cpu(), minlength=data.num_classes).tolist()),
             client_samples=tuple(int(c) for c in data.train.counts),
             participation_max=cfg.join[1],
         ),
@@ -211,9 +211,7 @@ def build_method(cfg: RunPlan, data: FederatedData) -> Method:
             raise UserError(str(e)) from None
 
 
-def _decoding_to(
-    dtype: torch.dtype, decode: Callable[[torch.Tensor], torch.Tensor]
-) -> Callable[[torch.Tensor], torch.Tensor]:
+def _decoding_to(dtype: torch.dtype, decode: Decode) -> Decode:
     """Model inputs in the run's float type (token ids stay integers). A decoding that already gives them (a rebuilt
     run's data) is kept as it is: wrapped twice, it would be another function to a compiled program, which then
     compiles again."""
@@ -330,9 +328,8 @@ def run(
         resume: continue the run in `out` from its checkpoint up to cfg.rounds.
         on_round: called with each round's row as it is written.
         stop_requested: polled after each round.
-        schedule: settings round by round (tuner.settings.schedule.load_schedule's table), replayed from round 1; the
-        run
-            keeps a copy, which a resume replays on.
+        schedule: settings round by round (tuner.settings.schedule.load_schedule's table), replayed from round 1;
+            the run keeps a copy, which a resume replays on.
 
     Returns:
         the Simulation, at the round it stopped.
@@ -355,7 +352,12 @@ def run(
 
 
 def _run(
-    cfg: RunConfig, run_dir: RunDir, resume: bool, on_round, stop_requested, schedule: pd.DataFrame | None
+    cfg: RunConfig,
+    run_dir: RunDir,
+    resume: bool,
+    on_round: Callable[[dict], None] | None,
+    stop_requested: Callable[[], bool],
+    schedule: pd.DataFrame | None,
 ) -> Simulation:
     kept, given = run_dir.path / SCHEDULE_FILE, schedule
     if given is None and resume and kept.exists():
@@ -381,10 +383,8 @@ def _run(
         while sim.round < plan.rounds and not stop_requested():
             if schedule is not None and (wanted := settings_at(schedule, sim.round + 1)) != current:
                 now = replace(plan.settings(), engine=engine)
-                sim, current = (
-                    rebuilt(sim, apply_settings(now, wanted, f"the schedule's round {sim.round + 1}")),
-                    wanted,
-                )
+                where = f"the schedule's round {sim.round + 1}"
+                sim, current = rebuilt(sim, apply_settings(now, wanted, where)), wanted
             row = sim.step()
             if engine != sim.settings.engine:  # compiling failed: config.yaml says what runs, and a resume runs it
                 engine = sim.settings.engine

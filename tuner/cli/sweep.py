@@ -92,7 +92,7 @@ def sweep(
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
     from tuner.sweep.cluster import Resources
-    from tuner.sweep.space import load_space
+    from tuner.sweep.space_file import load_space
     from tuner.sweep.stages import sweep as run_sweep
 
     overrides = {

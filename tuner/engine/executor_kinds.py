@@ -5,11 +5,13 @@ torch.func.vmap. Both share the loops of tuner/engine/executors.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten
 
 from algorithms.base import Method
+from algorithms.rounds import Phase, Round
 from tuner.data.federated import FederatedData
 from tuner.engine.executors import EngineSettings, Executor, MethodFailed, own_strides, row_of, stack_rows
 from tuner.engine.steps import pure_step
@@ -19,8 +21,8 @@ from tuner.errors import UserError
 class SequentialExecutor(Executor):
     """The reference: one client at a time, no vmap; a failure in the method names where it happened."""
 
-    def mapped(self, fn, in_dims, hook, at):
-        def one_by_one(*args):
+    def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
+        def one_by_one(*args: Any) -> Any:
             rows = []
             n = tree_flatten(next(a for a, d in zip(args, in_dims, strict=True) if d is not None))[0][0].shape[0]
             for i in range(n):
@@ -39,15 +41,15 @@ class SequentialExecutor(Executor):
 
     pads = False
 
-    def compile(self, grad, phase):
+    def compile(self, grad: Callable, phase: Phase) -> Callable:
         return pure_step(grad, phase, self.method.updated_in_place)
 
-    def block_program(self, block):
+    def block_program(self, block: Callable) -> Callable:
         """One program of one client's shapes, called client by client (no padding needed); a block's inputs are
         step-major, its rows along dim 1."""
         return self.one_by_one(self.program(block, "steps"), dims=(0, 0, 0, None, 1, 1, 1, 1))
 
-    def compile_summing(self, fn, hook):
+    def compile_summing(self, fn: Callable, hook: str) -> Callable:
         return self.one_by_one(self.program(fn, hook), dims=(0, None, 0, 0, 0))
 
     @staticmethod
@@ -57,7 +59,7 @@ class SequentialExecutor(Executor):
         along dim 1 (a block's inputs) are made rows along dim 0 first, so each client's slice has the strides
         of its own shape, whatever the chunk's size (a program is compiled for its inputs' strides)."""
 
-        def each(*args):
+        def each(*args: Any) -> Any:
             args = tuple(
                 own_strides(a.movedim(1, 0)) if d == 1 and a is not None else a for a, d in zip(args, dims, strict=True)
             )
@@ -75,10 +77,10 @@ class SequentialExecutor(Executor):
 class VectorizedExecutor(Executor):
     """The whole cohort at once."""
 
-    def mapped(self, fn, in_dims, hook, at):
+    def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
         mapped = vmap(fn, in_dims=in_dims, randomness="error")  # a method draws from keys, never from a generator
 
-        def refusing_draws(*args):
+        def refusing_draws(*args: Any) -> Any:
             try:
                 return mapped(*args)
             except RuntimeError as e:
@@ -93,15 +95,15 @@ class VectorizedExecutor(Executor):
 
         return refusing_draws
 
-    def compile(self, grad, phase):
+    def compile(self, grad: Callable, phase: Phase) -> Callable:
         return pure_step(
             vmap(grad, in_dims=(0, 0, None, 0, 0), randomness="error"), phase, self.method.updated_in_place
         )
 
-    def block_program(self, block):
+    def block_program(self, block: Callable) -> Callable:
         return self.program(block, "steps")
 
-    def compile_summing(self, fn, hook):
+    def compile_summing(self, fn: Callable, hook: str) -> Callable:
         return self.program(vmap(fn, in_dims=(0, None, 0, 0, 0), randomness="error"), hook)
 
 

@@ -1,24 +1,24 @@
-"""The executors: one training loop and one summing loop over a cohort whose client states are
-stacked along dim 0, mapped one client at a time (`sequential`, the reference, which names the
-hook, round and client of a failure in a method's code) or all at once with torch.func.vmap
-(`vectorized`). Clients with fewer batches drop out of a step: the cohort is sorted by step
-count, so the clients still active are always a prefix of the stack. A chunk of the cohort trains
-in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
+"""The executors: one training loop and one summing loop over a cohort whose client states are stacked along dim 0,
+mapped one client at a time (`sequential`, the reference, which names the hook, round and client of a failure in a
+method's code) or all at once with torch.func.vmap (`vectorized`). Clients with fewer batches drop out of a step: the
+cohort is sorted by step count, so the clients still active are always a prefix of the stack. A chunk of the cohort
+trains in buffers kept for the process (`ChunkBuffers`), so its tensors keep their addresses.
 
-A training step runs eager or compiled, a block of `steps_per_call` steps a program (tuner/engine/steps.py, compiled as
-tuner/engine/compile.py says); an evaluation batch likewise, compiled over the whole chunk (clients past their last
-sample
-weigh 0). The method's and the run's floats are inputs of the programs (algorithms.base.hyperparameter_inputs), so
-a sweep's next trial compiles nothing. Both engines give the same numbers (tests hold them equal in float64); a
-program that cannot be compiled leaves the run to eager."""
+A training step runs eager or compiled, a block of `steps_per_call` steps a program (tuner/engine/steps.py, compiled
+as tuner/engine/compile.py says); an evaluation batch likewise, compiled over the whole chunk (clients past their
+last sample weigh 0). The method's and the run's floats are inputs of the programs
+(algorithms.base.hyperparameter_inputs), so a sweep's next trial compiles nothing. Both engines give the same numbers
+(tests hold them equal in float64); a program that cannot be compiled leaves the run to eager."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import torch
+from torch import Tensor
 from torch.func import grad_and_value
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
@@ -58,13 +58,13 @@ def float_type(states: State) -> torch.dtype:
     return next(v.dtype for v in states.values() if v.is_floating_point())
 
 
-def stack_rows(rows: list):
+def stack_rows(rows: list[Any]) -> Any:
     """Per-client results (dicts or tuples of tensors) stacked along a new dim 0, as vmap returns them."""
     columns = zip(*[tree_flatten(r)[0] for r in rows], strict=True)
     return tree_unflatten([torch.stack(c) for c in columns], tree_flatten(rows[0])[1])
 
 
-def row_of(tree, i: int):
+def row_of(tree: Any, i: int) -> Any:
     """Row i of every tensor of a stacked tree: views, so in-place updates land in the stack."""
     return tree_map(lambda t: t[i], tree)
 
@@ -97,7 +97,7 @@ class Executor:
         (the active clients, a prefix of them, may be fewer)."""
         raise NotImplementedError
 
-    def map(self, fn: Callable, states: State, server: State, *args, hook: str, at: Round):
+    def map(self, fn: Callable, states: State, server: State, *args: Tensor, hook: str, at: Round) -> Any:
         """fn(state_i, server, *args_i) for every client of the stack."""
         return self.mapped(fn, (0, None, *[0] * len(args)), hook, at)(states, server, *args)
 
@@ -126,20 +126,21 @@ class Executor:
     def _step_loss(self, phase: Phase) -> Callable:
         loss = phase.loss or self.method.loss
 
-        def f(params: State, rest: State, server: State, x, y):
+        def f(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> Tensor:
             return loss({**rest, **params}, server, x, y)
 
         if phase.clip is None:
             return grad_and_value(f)
+        limit = phase.clip
 
         # one client's gradient, as clip_grad_norm_ scales it
-        def clipped(params: State, rest: State, server: State, x, y):
+        def clipped(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> tuple[State, Tensor]:
             g, value = grad_and_value(f)(params, rest, server, x, y)
-            out = {}
+            out: State = {}
             for group in phase.clip_groups or (tuple(g),):
                 part = {k: v for k, v in g.items() if k.startswith(group)}
                 norm = torch.sqrt(sum((v**2).sum() for v in part.values()))
-                scale = torch.clamp(phase.clip / (norm + 1e-6), max=1.0)
+                scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
                 out |= {k: v * scale for k, v in part.items()}
             return out, value
 
@@ -198,7 +199,7 @@ class Executor:
         steps = sum(len(step.shapes) if step.pad else 1 for step in self.compiled.values())
         return steps + sum(len(shapes) for shapes in self.summing_shapes.values())
 
-    def _batch_block(self, index: torch.Tensor, draws: torch.Tensor | None, partial: bool):
+    def _batch_block(self, index: Tensor, draws: Tensor | None, partial: bool) -> tuple[Tensor, Tensor]:
         """The stored samples and labels of a block of steps' batches (`index`: their rows of the split), augmented
         where the run augments; decoding is the step's. `partial`: a padded slot (PADDED) of a partial batch takes
         sample 0 and the label IGNORED."""
@@ -241,7 +242,7 @@ class Executor:
         return (losses / steps.clamp(min=1)).cpu()
 
     def _train_chunk(
-        self, plan: PhasePlan, cohort: State, server: State, at: Round, losses, steps, part: range
+        self, plan: PhasePlan, cohort: State, server: State, at: Round, losses: Tensor, steps: Tensor, part: range
     ) -> None:
         """A chunk of the cohort through its phase: its clients' tensors into the chunk's buffers, its steps, and
         back; each client's summed loss and step count added."""
@@ -288,7 +289,7 @@ class Executor:
         chunk_rows: Callable[[int], tuple[State, State, State]],
         server: State,
         schedule: tuple,
-        chunk_loss,
+        chunk_loss: Tensor,
         partial: bool,
     ) -> None:
         """The chunk's steps, a block (`step.block` of them) at a time: a block trains the `active[t]` first rows
@@ -322,7 +323,7 @@ class Executor:
             self.summing[hook] = self.compile_summing(fn, hook)
         program, shapes = self.summing[hook], self.summing_shapes.setdefault(hook, set())
 
-        def summed(state, server, x, y, w):
+        def summed(state: State, server: State, x: Tensor, y: Tensor, w: Tensor) -> State:
             if self.settings.engine == "compiled":  # until a program fails to compile
                 # one program each: (clients, samples), or one client's
                 shapes.add(tuple(y.shape) if self.pads else tuple(y.shape[1:]))

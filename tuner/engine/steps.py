@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from algorithms.base import State
 from algorithms.common import DRAW_KEY
@@ -39,7 +40,18 @@ class EagerStep:
     def rows(self, active: int, total: int) -> int:
         return active
 
-    def __call__(self, params: State, opt_state: State, rest: State, server: State, xs, ys, keys, live, active):
+    def __call__(
+        self,
+        params: State,
+        opt_state: State,
+        rest: State,
+        server: State,
+        xs: Tensor,
+        ys: Tensor,
+        keys: Tensor | None,
+        live: Tensor | None,
+        active: list[int],
+    ) -> Tensor:
         self.ran.eager_steps += 1
         if keys is not None:
             rest = {**rest, DRAW_KEY: keys[0]}
@@ -57,7 +69,9 @@ def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> 
     padded row of a compiled cohort) keeps what it had and adds 0 to the loss. Compiled, the writes land in
     the inputs' own memory: nothing is copied back after the program."""
 
-    def step(params, opt_state, rest, server, x, y, active):
+    def step(
+        params: State, opt_state: State, rest: State, server: State, x: Tensor, y: Tensor, active: Tensor
+    ) -> Tensor:
         stats = {k: v.clone() for k, v in rest.items() if in_place(k)}  # the forward updates these in place
         g, loss = grad(params, {**rest, **stats}, server, x, y)
         new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
@@ -76,13 +90,21 @@ def block_of_steps(step: Callable, size: int, decode: Callable) -> Callable:
     """`size` consecutive steps (pure_step's) as one function of a block's inputs (the module's docstring): each
     step decodes its batch, trains the rows `live` at it and adds their losses, in float64, to the block's."""
 
-    def block(params, opt_state, rest, server, xs, ys, keys, live):
-        total = None
-        for j in range(size):
+    def block(
+        params: State,
+        opt_state: State,
+        rest: State,
+        server: State,
+        xs: Tensor,
+        ys: Tensor,
+        keys: Tensor | None,
+        live: Tensor,
+    ) -> Tensor:
+        losses = []
+        for j in range(size):  # in order: each step trains from the one before
             mine = rest if keys is None else {**rest, DRAW_KEY: keys[j]}
-            loss = step(params, opt_state, mine, server, decode(xs[j]), ys[j], live[j]).double()
-            total = loss if total is None else total + loss
-        return total
+            losses.append(step(params, opt_state, mine, server, decode(xs[j]), ys[j], live[j]).double())
+        return sum(losses[1:], losses[0])
 
     return block
 
@@ -101,7 +123,18 @@ class CompiledStep:
     def rows(self, active: int, total: int) -> int:
         return padded_rows(active, total) if self.pad else active
 
-    def __call__(self, params, opt_state, rest, server, xs, ys, keys, live, active: list[int]):
+    def __call__(
+        self,
+        params: State,
+        opt_state: State,
+        rest: State,
+        server: State,
+        xs: Tensor,
+        ys: Tensor,
+        keys: Tensor | None,
+        live: Tensor,
+        active: list[int],
+    ) -> Tensor:
         """The block's steps; `active`: how many rows train at each of its steps (its real ones, fewer than the
         block's at the end of a schedule)."""
         self.shapes.add(len(live[0]))
@@ -138,7 +171,7 @@ class ChunkBuffers:
     static, checked on the tensor object: a slice made anew is another object, without the mark). A group's
     buffers of other keys or shapes (another run's) are dropped with their views."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.groups: dict[str, State] = {}
         self.views: dict[str, dict[int, State]] = {}
 

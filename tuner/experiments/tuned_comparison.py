@@ -62,7 +62,7 @@ def space_file(method: str, space_dir: Path) -> Path:
 def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict) -> Space:
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
     selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
-    from tuner.sweep.space import load_space
+    from tuner.sweep.space_file import load_space
 
     search = read_mapping(source, "Space file").get("search")
     if not search:

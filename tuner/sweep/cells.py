@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ray.tune.schedulers import FIFOScheduler
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from tuner.sweep.recovery import INTERRUPTED
+
+if TYPE_CHECKING:
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
 
 
 def cell_key(cell: dict) -> str:
@@ -61,36 +67,38 @@ class CellSearches(Searcher):
 
 
 class CellSchedulers(FIFOScheduler):
-    """An ASHA (what `make` builds) per cell: a trial stops early only against trials of its own cell."""
+    """An ASHA (what `make` builds) per cell: a trial stops early only against trials of its own cell; where `make`
+    builds none (no grace), every trial runs to its end."""
 
-    def __init__(self, make):
+    def __init__(self, make: Callable[[], TrialScheduler | None]) -> None:
         super().__init__()
-        self.make, self.by_cell = make, {}
+        self.make, self.by_cell = make, dict[str, TrialScheduler]()
 
-    def set_search_properties(self, metric, mode, **spec) -> bool:
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         self._metric, self._mode = metric, mode
         return True
 
-    def _of(self, trial):
+    def _of(self, trial: Trial) -> TrialScheduler:
         key = cell_key(trial.config["cell"])
         if key not in self.by_cell:
-            self.by_cell[key] = self.make()
+            made = self.make()
+            self.by_cell[key] = FIFOScheduler() if made is None else made  # None: no early stopping
             self.by_cell[key].set_search_properties(self._metric, self._mode)
         return self.by_cell[key]
 
-    def on_trial_add(self, tune_controller, trial) -> None:
+    def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
         self._of(trial).on_trial_add(tune_controller, trial)
 
-    def on_trial_error(self, tune_controller, trial) -> None:
+    def on_trial_error(self, tune_controller: TuneController, trial: Trial) -> None:
         self._of(trial).on_trial_error(tune_controller, trial)
 
-    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+    def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict) -> str:
         return self._of(trial).on_trial_result(tune_controller, trial, result)
 
-    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+    def on_trial_complete(self, tune_controller: TuneController, trial: Trial, result: dict) -> None:
         self._of(trial).on_trial_complete(tune_controller, trial, result)
 
-    def on_trial_remove(self, tune_controller, trial) -> None:
+    def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
         self._of(trial).on_trial_remove(tune_controller, trial)
 
     def save(self, checkpoint_path: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from ray.tune import Callback
 from ray.tune.experiment import Trial
+from ray.tune.stopper import Stopper
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.selection import FIGURES
@@ -35,29 +36,11 @@ def quiet(verbose: bool) -> None:
 class SweepProgress(Callback):
     """Trials running, done, stopped early and failed, and the best so far, on one line (instead of Ray's tables)."""
 
-    def __init__(self, total: int, rounds: int, select: str):
+    def __init__(self, total: int, rounds: int, select: str) -> None:
         self.total, self.rounds, self.select = total, rounds, select
         self._reset()
 
-    def _reset(self):
-        self.progress = None
-        self.running: set[str] = set()
-        self.ended: set[str] = set()  # trials counted done
-        self.counts = {"early": 0, "failed": 0, "done": 0}
-        self.restored = False
-        self.best = -math.inf
-
-    def __getstate__(self):  # Tune pickles its callbacks with the experiment; the live display stays behind
-        return {"total": self.total, "rounds": self.rounds, "select": self.select}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        if "select" not in state:  # saved before the rule had one score: it named its figure
-            self.select = "test" if state.get("metric") == "best_acc" else "val"
-        self._reset()
-
-    def setup(self, **info: Any) -> None:
-        self.counts = stage_counts  # run_stage's, whether Tune made this callback or restored it from the experiment
+    def _reset(self) -> None:
         self.progress = Progress(
             TextColumn("[bold]trials"),
             BarColumn(),
@@ -69,9 +52,33 @@ class SweepProgress(Callback):
             TimeElapsedColumn(),
         )
         self.task = self.progress.add_task("sweep", total=self.total, running=0, early=0, failed=0, best="-")
+        self.running: set[str] = set()
+        self.ended: set[str] = set()  # trials counted done
+        self.counts = {"early": 0, "failed": 0, "done": 0}
+        self.restored = False
+        self.best = -math.inf
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its callbacks with the experiment; the live display stays behind."""
+        return {"total": self.total, "rounds": self.rounds, "select": self.select}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "select" not in state:  # saved before the rule had one score: it named its figure
+            self.select = "test" if state.get("metric") == "best_acc" else "val"
+        self._reset()
+
+    def setup(
+        self,
+        stop: Stopper | None = None,
+        num_samples: int | None = None,
+        total_num_samples: int | None = None,
+        **info: Any,
+    ) -> None:
+        self.counts = stage_counts  # run_stage's, whether Tune made this callback or restored it from the experiment
         self.progress.start()
 
-    def _show(self):
+    def _show(self) -> None:
         best = f"{100 * self.best:.2f}%" if self.best > -math.inf else "-"
         done = self.counts["done"] + self.counts["failed"]
         self.progress.update(
@@ -86,7 +93,7 @@ class SweepProgress(Callback):
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         self._count_restored(trials)
 
-    def _count_restored(self, trials) -> None:
+    def _count_restored(self, trials: list[Trial]) -> None:
         """A resumed sweep's trials that finished or failed before count as done: at its first step, before any
         trial ends; or at its end, when every trial had ended before and Tune took no step."""
         if self.restored:
@@ -119,7 +126,7 @@ class SweepProgress(Callback):
         self._count_done(trial, (trial.last_result or {}).get("round", self.rounds))
         self._show()
 
-    def _count_done(self, trial, last_round: int) -> None:
+    def _count_done(self, trial: Trial, last_round: int) -> None:
         if trial.trial_id not in self.ended:
             self.ended.add(trial.trial_id)
             self.counts["done"] += 1

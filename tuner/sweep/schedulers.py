@@ -1,9 +1,9 @@
 """Every scheduler a sweep runs, declared once: what its `scheduler:` entry in a space file may hold and how that is
 read, how Ray Tune's scheduler is built from it, and whether its trials take other trials' states (the sweep then
-checkpoints every perturbation and the report reads each trial's lineage). `tuner/sweep/space.py` reads a space's entry
-through `read_scheduler`, `tuner/sweep/stages.py` builds through `SCHEDULERS`, `tuner/report/runs.py` asks which hand
-states, and `tuner sweep --help` lists them from here. A new scheduler is a `Scheduler` in SCHEDULERS, with its read
-and build functions here or in the module that holds its rule.
+checkpoints every perturbation and the report reads each trial's lineage). `tuner/sweep/space_file.py` reads a
+space's entry through `read_scheduler`, `tuner/sweep/stages.py` builds through `SCHEDULERS`, `tuner/report/runs.py`
+asks which hand states, and `tuner sweep --help` lists them from here. A new scheduler is a `Scheduler` in
+SCHEDULERS, with its read and build functions here or in the module that holds its rule.
 
 ASHA is Optuna's search with trials stopped early over rounds (`stop.grace` in the space file). Population-based
 training (PBT, and PB2, its GP-bandit form) tunes while training: every `perturbation_interval` rounds a trial in
@@ -17,33 +17,24 @@ is read or a scheduler built, so `tuner run` and `tuner report` need neither."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import UserError
+from tuner.sweep.space import Population
 
 if TYPE_CHECKING:  # Optuna and Ray are imported where a sweep reads or builds: `tuner run` needs neither
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import BasicVariantGenerator
+    from ray.tune.search.sample import Domain
+
+    from tuner.settings.config import RunConfig
+    from tuner.sweep.space import Distribution, Naming, Space
 
 # What population-based training may change while a trial trains: floats every step reads as a program input (a
 # changed value recompiles nothing, docs/engine.md), never what shapes a step or the data (batch size, epochs, the
 # backbone, the split). A method's own float hyperparameters join these.
 MUTABLE_SETTINGS = ("lr", "momentum", "weight_decay")
-
-
-@dataclass
-class Population:
-    """Population-based training over the sweep's trials (Ray Tune's PBT or PB2, asynchronous): every `interval`
-    rounds a trial in the bottom `quantile` takes the whole federated state of one in the top quantile (exploit) and
-    perturbs or resamples the `mutate` settings (explore; PB2 chooses them by a GP bandit). Not Ray Tune's
-    synchronous form: a trial failing between two perturbations leaves the others paused for good (Ray 2.60; seen
-    with a diverging GPFL trial)."""
-
-    kind: str  # pbt | pb2
-    interval: int  # rounds between perturbations (and checkpoints)
-    quantile: float = 0.25
-    resample_probability: float = 0.25
-    mutate: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -56,22 +47,24 @@ class Scheduler:
     keys: tuple[str, ...]  # what its `scheduler:` mapping may hold besides `kind`
     hands_states: bool  # its trials take other trials' states
     read: Callable[..., Population | None]
-    build: Callable[[Any, int], Any]
+    build: Callable[[Space, int], TrialScheduler | None]
 
 
-def read_asha(kind: str, spec: dict, space, cfg, named, sampler_given: bool) -> None:
+def read_asha(kind: str, spec: dict, space: Space, cfg: RunConfig, named: Naming, sampler_given: bool) -> None:
     """ASHA takes nothing beyond its name: its grace period is the space's `stop.grace`."""
     return None
 
 
-def asha(grace: int | None, rounds: int):
+def asha(grace: int | None, rounds: int) -> TrialScheduler | None:
     """ASHA over rounds: a trial reaching a rung below the top quarter of its peers stops there."""
     from ray.tune.schedulers import ASHAScheduler
 
     return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace) if grace else None
 
 
-def read_population(kind: str, spec: dict, space, cfg, named, sampler_given: bool) -> Population:
+def read_population(
+    kind: str, spec: dict, space: Space, cfg: RunConfig, named: Naming, sampler_given: bool
+) -> Population:
     """A population-based `scheduler:` entry (pbt, pb2), every setting it would perturb checked to be one a trial can
     change between two rounds."""
     where = space.source
@@ -97,7 +90,7 @@ def read_population(kind: str, spec: dict, space, cfg, named, sampler_given: boo
     return Population(kind, interval, float(quantile), float(resample), list(mutate))
 
 
-def _mutated(kind: str, spec: dict, space, cfg) -> list[str]:
+def _mutated(kind: str, spec: dict, space: Space, cfg: RunConfig) -> list[str]:
     """The settings a population perturbs: float settings a step reads as inputs, searched by a float range."""
     where = space.source
     mutable = set(MUTABLE_SETTINGS) | {k for k, v in cfg.hparams.items() if isinstance(v, float)}
@@ -133,7 +126,7 @@ def _mutated(kind: str, spec: dict, space, cfg) -> list[str]:
     return mutate
 
 
-def _interval(spec: dict, space, cfg) -> int:
+def _interval(spec: dict, space: Space, cfg: RunConfig) -> int:
     """Rounds between perturbations: at least one, fewer than the run's, a multiple of the reports'."""
     where = space.source
     interval = spec.get("perturbation_interval", max(1, cfg.rounds // 5))
@@ -154,13 +147,16 @@ def _interval(spec: dict, space, cfg) -> int:
     return interval
 
 
-def build_population(space, rounds: int):
+def build_population(space: Space, rounds: int) -> TrialScheduler:
     """PBT or PB2 over the space's `scheduler.mutate` settings, on the `round` each trial reports. PBT multiplies a
     value by 0.8 or 1.2 (or resamples it), kept within the space's range; PB2 picks values inside the range."""
+    from optuna.distributions import FloatDistribution
     from ray.tune.schedulers import PopulationBasedTraining
 
     pop = space.population
-    bounds = {name: (space.search[name].low, space.search[name].high) for name in pop.mutate}
+    assert pop is not None, "built for a space read with a population scheduler"
+    ranges = {name: space.search[name] for name in pop.mutate}  # float ranges only (_mutated)
+    bounds = {name: (d.low, d.high) for name, d in ranges.items() if isinstance(d, FloatDistribution)}
     if pop.kind == "pb2":
         from ray.tune.schedulers.pb2 import PB2  # needs GPy and scikit-learn
 
@@ -184,11 +180,9 @@ def build_population(space, rounds: int):
     )
 
 
-def tune_domain(
-    dist: CategoricalDistribution | IntDistribution | FloatDistribution,
-):
-    """An Optuna distribution of a space file (the kinds tuner/sweep/space.py makes) as Ray Tune's sampling domain (the
-    first population's draws)."""
+def tune_domain(dist: Distribution) -> Domain:
+    """An Optuna distribution of a space file (the kinds tuner/sweep/space_file.py makes) as Ray Tune's sampling
+    domain (the first population's draws)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
     from ray import tune
 
@@ -199,7 +193,7 @@ def tune_domain(
     return (tune.loguniform if dist.log else tune.uniform)(dist.low, dist.high)
 
 
-def first_population(space, seed: int):
+def first_population(space: Space, seed: int) -> BasicVariantGenerator:
     """The search over the first population: the paper's defaults first, then draws from the space, seeded."""
     from ray.tune.search import BasicVariantGenerator
 
@@ -238,12 +232,12 @@ SCHEDULERS = {
 }
 
 
-def scheduler_of(space) -> Scheduler:
+def scheduler_of(space: Space) -> Scheduler:
     """The scheduler a read space runs."""
     return SCHEDULERS[space.population.kind if space.population else "asha"]
 
 
-def read_scheduler(value: Any, space, cfg, named, sampler_given: bool) -> Population | None:
+def read_scheduler(value: Any, space: Space, cfg: RunConfig, named: Naming, sampler_given: bool) -> Population | None:
     """A space's `scheduler:` entry (a name, or a mapping with `kind`), each key checked against the scheduler that
     takes it."""
     where = space.source

@@ -19,6 +19,7 @@ import pandas as pd
 import yaml
 from ray import tune
 from ray.tune import Result
+from ray.tune.search import SearchAlgorithm, Searcher
 
 from tuner.errors import UserError, first_sentence
 from tuner.files import write_text_atomic
@@ -56,7 +57,7 @@ def sweep(
         grid = run_stage(folder, search_stage(space, folder, study_db, restoring), res, restoring)
         summary, best = searched(space, folder, grid)
         if seeds:
-            reruns = run_stage(folder, seeds_stage(space, best.config, seeds, vary_partition), res, resume)
+            reruns = run_stage(folder, seeds_stage(space, best.config or {}, seeds, vary_partition), res, resume)
             summary["seeds"] = [r.metrics.get("selected_acc") for r in reruns if r.metrics and r.error is None]
         write_text_atomic(folder / SUMMARY_FILE, yaml.safe_dump(_plain(summary), sort_keys=False))
         return summary
@@ -68,14 +69,17 @@ def search_stage(space: Space, folder: Path, study_db: Path | None, restoring: b
     donor's checkpoint at every perturbation, kept until its recipients have read it)."""
     kind, cfg = scheduler_of(space), space.base_config()
     base = {"method": space.method, **space.settings}
-    if kind.hands_states:
-        base = {**base, "checkpoint_every": space.population.interval}
-    searcher = None  # a restored sweep brings its own; a new one would enqueue the default point again
+    population = space.population if kind.hands_states else None
+    if population:
+        base = {**base, "checkpoint_every": population.interval}
+    # a restored sweep brings its own searcher; a new one would enqueue the default point again
+    searcher: SearchAlgorithm | Searcher | None = None
+    distributions: dict[str, optuna.distributions.BaseDistribution] = dict(space.search)
     if not restoring and kind.hands_states:
         searcher = first_population(space, cfg.seed)
     elif not restoring:
         searcher = StoppableOptunaSearch(
-            space=space.search,
+            space=distributions,
             metric=SCORE,
             mode="max",
             sampler=space.make_sampler(cfg.seed),
@@ -144,8 +148,8 @@ def searched(space: Space, folder: Path, grid: list[Result]) -> tuple[dict, Resu
         raise refusal or UserError(
             f"No trial of {folder} reported a result; see the error.txt files under {folder / 'search'}."
         )
-    summary = {
-        "best_config": dict(best.config),
+    summary: dict[str, Any] = {
+        "best_config": dict(best.config or {}),
         "best": {
             k: figures[best.path].get(k)
             for k in ("best_acc", "selected_acc", "best_round", "best_val_acc", "best_val_round")
@@ -167,9 +171,9 @@ def population_figures(result: Result, select: str) -> dict:
 
     rows, _ = lineage_rows(Path(result.path), pd.DataFrame())
     return (
-        {**result.metrics, **selection(rows.to_dict("records"), select), "round": int(rows["round"].max())}
+        {**(result.metrics or {}), **selection(rows.to_dict("records"), select), "round": int(rows["round"].max())}
         if len(rows)
-        else result.metrics
+        else result.metrics or {}
     )
 
 
