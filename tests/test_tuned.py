@@ -83,6 +83,15 @@ def test_asha_compares_a_trial_only_with_its_own_cells():
     assert asha_verdicts(CellSchedulers(lambda: asha(1, 8)))[-1] == "CONTINUE"
 
 
+def test_cells_without_a_grace_run_every_trial_to_its_end():
+    """asha(0, rounds) builds no ASHA: each cell then runs its trials to the end (it used to fail on None)."""
+    from tuner.sweep.cells import CellSchedulers
+    from tuner.sweep.schedulers import asha
+
+    assert asha(0, 8) is None
+    assert set(asha_verdicts(CellSchedulers(lambda: asha(0, 8)))) == {"CONTINUE"}
+
+
 def comparison_rows(tmp_path: Path) -> pd.DataFrame:
     """Summary rows of a made-up comparison of three methods over seeds 1..3."""
     root = tmp_path / "roster-tuned"
