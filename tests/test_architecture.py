@@ -109,3 +109,19 @@ def test_the_map_names_every_module():
     assert not unnamed, f"modules docs/architecture.md does not name: {unnamed}"
     named = set(re.findall(r"\b((?:tuner|algorithms|bench)/[\w/]+\.py)\b", page)) - {"algorithms/NAME.py"}
     assert not [p for p in named if not (ROOT / p).exists()], "the map names modules that do not exist"
+
+
+def test_the_commands_load_on_a_node_without_ray_or_optuna(tmp_path):
+    """A GPU node may have torch alone: `tuner run`, `tuner report` and the bench import neither Ray nor Optuna until
+    a sweep is read or built (the GPU campaign's miniature run holds the whole path; this is its quick form)."""
+    import os
+    import subprocess
+    import sys
+
+    for name in ("ray", "optuna"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed on this node')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    code = "import tuner.cli, tuner.report.write, tuner.federated_run"
+    loaded = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-1500:]

@@ -7,27 +7,30 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from tuner.selection import FIGURES
 from tuner.settings.config import RunConfig, resolve_layers
 
+if TYPE_CHECKING:  # Optuna is imported where a space is read or sampled: the schedulers' names need none of it
+    import optuna
+
+    # the distributions a space file makes (tuner/sweep/space_file.py, `_distribution`)
+    Distribution = (
+        optuna.distributions.CategoricalDistribution
+        | optuna.distributions.IntDistribution
+        | optuna.distributions.FloatDistribution
+    )
+
+# Optuna's samplers a space may name, by their classes in optuna.samplers
 SAMPLERS = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "cmaes": lambda seed: optuna.samplers.CmaEsSampler(seed=seed),
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
-    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
-    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+    "tpe": "TPESampler",
+    "random": "RandomSampler",
+    "cmaes": "CmaEsSampler",
+    "gp": "GPSampler",
+    "qmc": "QMCSampler",
+    "nsga2": "NSGAIISampler",
 }
-# the distributions a space file makes (tuner/sweep/space_file.py, `_distribution`)
-Distribution = (
-    optuna.distributions.CategoricalDistribution
-    | optuna.distributions.IntDistribution
-    | optuna.distributions.FloatDistribution
-)
 Naming = Callable[[str], str]  # where a key's value was typed: the command line, or the file
 
 
@@ -97,9 +100,12 @@ class Space:
         return math.prod(len(v) for v in self.grids.values())
 
     def make_sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        import optuna
+
         if self.sampler == "grid":
             return optuna.samplers.GridSampler(self.grids, seed=seed)
-        return SAMPLERS[self.sampler](seed)
+        sampler: optuna.samplers.BaseSampler = getattr(optuna.samplers, SAMPLERS[self.sampler])(seed=seed)
+        return sampler
 
     @property
     def figure(self) -> str:
@@ -109,6 +115,8 @@ class Space:
 
 
 def _contains(dist: Distribution, value: Any) -> bool:
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
         return value in dist.choices
     return isinstance(value, (int, float)) and not isinstance(value, bool) and dist.low <= value <= dist.high

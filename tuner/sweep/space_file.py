@@ -23,7 +23,7 @@ so a sweep never fails on its hundredth trial because of a typo in its space.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -32,7 +32,10 @@ from tuner.files import read_mapping
 from tuner.plugins import canonical, method_class
 from tuner.settings.config import absolute_settings, resolve_layers
 from tuner.sweep.schedulers import read_scheduler
-from tuner.sweep.space import SAMPLERS, Distribution, Naming, Space, Stopping
+from tuner.sweep.space import SAMPLERS, Naming, Space, Stopping
+
+if TYPE_CHECKING:
+    from tuner.sweep.space import Distribution
 from tuner.sweep.stopping import STOPPING_RULES
 
 KINDS = ("uniform", "loguniform", "int", "categorical", "grid")
