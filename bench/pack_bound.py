@@ -21,9 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from algorithms.capabilities import HeldOut  # noqa: E402
 from bench import provenance  # noqa: E402
 from tuner.data.federated import FederatedData, Split  # noqa: E402
-from tuner.federated_run import build_data, planned_simulation  # noqa: E402
+from tuner.federated_run import build_simulation, planned_simulation  # noqa: E402
 from tuner.settings.config import resolve_layers  # noqa: E402
 
 
@@ -40,10 +41,12 @@ def tiled(data: FederatedData, copies: int) -> FederatedData:
 
 def seconds_a_round(method: str, settings: dict, copies: int, rounds: int) -> float:
     """A round's median time over `rounds` rounds after a first (warm-up), the federation tiled `copies` times."""
-    cfg = resolve_layers(method, [("bench", settings)])
-    plan = cfg.resolved()
-    data = tiled(build_data(plan, torch.device(plan.device)), copies)
-    _, sim = planned_simulation(replace(plan.settings(), clients=plan.clients * copies), data)
+    plan, alone = planned_simulation(resolve_layers(method, [("bench", settings)]))
+    if isinstance(alone.method, HeldOut):
+        raise SystemExit(f"{method} holds part of each client's data out; its data cannot be tiled after that.")
+    sim = alone
+    if copies > 1:
+        sim = build_simulation(replace(plan.settings(), clients=plan.clients * copies), tiled(alone.data, copies))
     sim.step()
     times = []
     for _ in range(rounds):
