@@ -293,3 +293,38 @@ def test_more_clients_than_batches_is_one_sentence(tmp_path):
     assert (
         "5000 clients have no test sample and would never be scored" in res.output and "use fewer clients" in res.output
     )
+
+
+def test_seeds_write_each_run_as_it_would_alone_and_resume_continues_or_starts_each(tmp_path):
+    """--seeds 0,1 writes seed-0 and seed-1, each the run `--set seed=N` writes alone; --resume with one seed more
+    continues the two and starts the third."""
+    join = ["--set", "join_ratio=0.5"]  # the seed draws the cohort too
+    res = invoke("run", "fedavg", *DIGITS, *join, "--rounds", "2", "--seeds", "0,1", "--out", str(tmp_path / "s"))
+    assert res.exit_code == 0, res.output
+    alone = invoke("run", "fedavg", *DIGITS, *join, "--rounds", "2", "--set", "seed=1", "--out", str(tmp_path / "a"))
+    assert alone.exit_code == 0, alone.output
+    figures = ["round", "clients", "train_loss", "acc", "acc_std", "best_acc"]
+    seeded = [pd.read_parquet(tmp_path / "s" / f"seed-{s}" / "metrics.parquet")[figures] for s in (0, 1)]
+    pd.testing.assert_frame_equal(seeded[1], pd.read_parquet(tmp_path / "a" / "metrics.parquet")[figures])
+    assert not seeded[0]["train_loss"].equals(seeded[1]["train_loss"])  # the seeds ran apart
+    assert yaml.safe_load((tmp_path / "s" / "seed-1" / "config.yaml").read_text())["seed"] == 1
+
+    more = invoke("run", "fedavg", "--seeds", "0,1,2", "--resume", "--rounds", "3", "--out", str(tmp_path / "s"))
+    assert more.exit_code == 0, more.output
+    for s in (0, 1, 2):
+        assert list(pd.read_parquet(tmp_path / "s" / f"seed-{s}" / "metrics.parquet")["round"]) == [1, 2, 3], s
+    done = invoke("run", "fedavg", "--seeds", "0,1,2", "--resume", "--rounds", "3", "--out", str(tmp_path / "s"))
+    assert done.exit_code == 0 and "seed 2:" in done.output and "has run its 3 rounds" in done.output
+
+
+@pytest.mark.parametrize(
+    "args, sentence",
+    [
+        (["--seeds", "0,0"], "--seeds takes each seed once and none below 0, not '0,0'."),
+        (["--seeds", "a,1"], "--seeds takes whole numbers separated by commas (0,1,2), not 'a,1'."),
+        (["--seeds", "0,1", "--set", "seed=3"], "--seeds sets each run's seed; drop --set seed=... or --seeds."),
+    ],
+)
+def test_seeds_mistakes_are_one_sentence(tmp_path, args, sentence):
+    res = invoke("run", "fedavg", *DIGITS, "--rounds", "1", *args, "--out", str(tmp_path))
+    assert res.exit_code == 2 and sentence in " ".join(res.output.split()) and "Traceback" not in res.output

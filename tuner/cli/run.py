@@ -29,6 +29,7 @@ from tuner.errors import UserError
 from tuner.files import user_path
 from tuner.interrupts import StopAtRoundEnd
 from tuner.plugins import canonical, method_class
+from tuner.settings.config import RunConfig
 
 RUN_EPILOG = (
     "--out holds config.yaml, metrics.parquet (a row a round) and checkpoint.pt. "
@@ -74,28 +75,67 @@ def run(
         help="Start from the settings tuned for METHOD at this setting (`tuner methods` lists them), e.g. "
         "fmnist-dir0.1-20c-cnn4; options and --set go over them.",
     ),
+    seeds: str | None = typer.Option(
+        None,
+        help="Run these seeds (e.g. 0,1,2), one after another, each in its own folder --out/seed-N "
+        "(with --resume, each continued or started).",
+    ),
 ):
     """Run one federated simulation and write its per-round metrics."""
     from tuner.federated_run import RunDir
-    from tuner.federated_run import run as run_simulation
     from tuner.settings.schedule import load_schedule
 
     if out is None:
         if resume:
             raise UserError("--resume continues the run in the folder --out names; name it.")
         out = user_path(Path("results/runs") / f"{method_class(method).name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if resume:
-        cfg = RunDir(out).read_config()
+    chosen = None if seeds is None else seed_list(seeds, set_)
+    folder = out if chosen is None else next((out / f"seed-{s}" for s in chosen if (out / f"seed-{s}").exists()), None)
+    if resume and folder is not None:
+        cfg = RunDir(folder).read_config()
         if cfg.method != canonical(method):
-            raise UserError(f"{out} holds a {cfg.method} run, not {method}; name {cfg.method} to resume it.")
+            raise UserError(f"{folder} holds a {cfg.method} run, not {method}; name {cfg.method} to resume it.")
         at_least("--rounds", rounds, 1)
         cfg = replace(cfg, rounds=cfg.rounds if rounds is None else rounds)
+    elif resume:
+        raise UserError(f"{out} holds none of the seeds' folders (seed-N), so there is no run to resume there.")
     else:
         opts = {"dataset": dataset, "partition": partition, "clients": clients, "rounds": rounds}
         cfg = make_config(method, config, opts, set_, tuned)
     table = None if schedule is None else load_schedule(schedule, cfg)
     if table is not None and rounds is None and not resume:
         cfg = replace(cfg.settings(), rounds=len(table))
+    if chosen is None:
+        run_one(cfg, out, resume, table, f"tuner run {cfg.method} --resume --out {out}")
+        return
+    again = f"tuner run {cfg.method} --seeds {seeds} --resume --out {out}"
+    for seed in chosen:
+        here = out / f"seed-{seed}"
+        done = RunDir(here).saved_round() if resume and here.exists() else None
+        if done is not None and done >= cfg.rounds:
+            console.print(f"seed {seed}: {here} has run its {cfg.rounds} rounds")
+            continue
+        run_one(replace(cfg.settings(), seed=seed), here, resume and here.exists(), table, again, f"seed {seed}")
+
+
+def seed_list(text: str, sets: list[str]) -> list[int]:
+    """--seeds as whole numbers, each once; a --set seed=... beside it is a contradiction to name."""
+    if any(s.split("=", 1)[0].strip() == "seed" for s in sets):
+        raise UserError("--seeds sets each run's seed; drop --set seed=... or --seeds.")
+    try:
+        chosen = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UserError(f"--seeds takes whole numbers separated by commas (0,1,2), not {text!r}.") from None
+    if len(set(chosen)) < len(chosen) or min(chosen) < 0:
+        raise UserError(f"--seeds takes each seed once and none below 0, not {text!r}.")
+    return chosen
+
+
+def run_one(cfg: RunConfig, out: Path, resume: bool, table, again: str, label: str = "") -> None:
+    """One run with its progress line and summary; a stop (Ctrl-C, SIGTERM) says how to continue and exits 130."""
+    from tuner.federated_run import RunDir
+    from tuner.federated_run import run as run_simulation
+
     done = 0
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -107,7 +147,8 @@ def run(
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task(f"{method_class(cfg.method).name} round", total=cfg.rounds, acc="-", best="-")
+        title = " ".join(filter(None, [method_class(cfg.method).name, label, "round"]))
+        task = progress.add_task(title, total=cfg.rounds, acc="-", best="-")
 
         def fmt(v) -> str:
             return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
@@ -128,7 +169,7 @@ def run(
             progress.stop()
             saved = RunDir(out).saved_round()
             advice = (
-                f"continue from its checkpoint of round {saved} with: tuner run {cfg.method} --resume --out {out}"
+                f"continue from its checkpoint of round {saved} with: {again}"
                 if saved is not None
                 else "no checkpoint was written yet, so run it again without --resume"
             )
