@@ -341,3 +341,43 @@ def test_the_tuned_pages_sentences_on_fashion_mnist_are_the_committed_figures():
     sim = build_simulation(resolve_layers("fedavg", [("test", {"dataset": "fmnist", "rounds": 1, "val_frac": 0.1})]))
     val, test = sim.data.val.counts, sum(sim.data.test.counts)
     assert f"validation split is {sum(val)} samples ({min(val)} to {max(val)} a client), the test split {test}" in page
+
+
+def test_holm_and_benjamini_hochberg_adjust_a_family_and_leave_untested_rows_out():
+    from scipy import stats
+
+    from tuner.report.intervals import benjamini_hochberg, difference, holm
+
+    ps = [0.01, 0.04, 0.03, 0.005, math.nan]
+    assert holm(ps)[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(holm(ps)[4])
+    assert benjamini_hochberg(ps)[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02]) and math.isnan(
+        benjamini_hochberg(ps)[4]
+    )
+    a, b = [0.9, 0.92, 0.91], [0.8, 0.85, 0.83]
+    assert difference(a, b, paired=True).p == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-12)
+    assert difference(a, a, paired=True).p == 1.0
+
+
+def test_the_tuned_pages_corrections_are_the_committed_tables():
+    """docs/tuned.md's corrected counts are the committed fair tables' Holm and BH columns, which `tuner report`
+    computes over each setting's methods (the quote test holds the tables to what it writes)."""
+    page = " ".join((ROOT / "docs/tuned.md").read_text().split())
+    digits = pd.read_parquet(ROOT / "results/tuned-comparisons/digits-roster/fair.parquet")
+    ran = digits[digits["refused"] == ""]
+    held = ran[ran["established"] & (ran["gain"] > 0)]
+    lost = ran[ran["established"] & (ran["gain"] < 0)]
+    assert list(lost["title"]) == ["kNN-Per-logits"] and len(ran) == 73
+    assert (
+        f"Holm's step-down correction (below 0.05) leaves {len(held)} gains established "
+        f"({', '.join(sorted(held['title'], key=str.lower))}) and kNN-Per-logits' loss" in page
+    )
+    bh = ran[(ran["gain_q_bh"] < 0.05) & (ran["gain"] > 0)]
+    assert ran.loc[(ran["gain_q_bh"] < 0.05) & (ran["gain"] < 0), "title"].tolist() == ["kNN-Per-logits"]
+    assert f"Benjamini–Hochberg at a 5 % false discovery rate keeps {len(bh)} gains and that loss" in page
+    fmnist = pd.read_parquet(ROOT / "results/tuned-comparisons/fmnist-gpfl-table1/fair.parquet")
+    beyond = fmnist[fmnist["distinguishable"] & (fmnist["gain"] > 0)]
+    fallen = sorted(set(beyond["title"]) - set(fmnist.loc[fmnist["established"], "title"]))
+    assert (
+        f"corrected over the table's {len(fmnist)}, Holm's step-down correction leaves "
+        f"{int(beyond['established'].sum())} of them established ({', '.join(fallen)}'s falls)" in page
+    )

@@ -1,6 +1,8 @@
 """How sure a comparison is: the difference of two means with its 95 % interval (Welch's t for two independent
-sets of runs, or paired over seeds), and whether the interval excludes 0. The pages say two things differ only
-where it does."""
+sets of runs, or paired over seeds), whether the interval excludes 0, and its two-sided p; over a table's family of
+comparisons, the p adjusted by Holm's step-down correction (the family-wise error) and the Benjamini–Hochberg q (the
+false discovery rate). The pages say two things differ only where the interval excludes 0, and a gain is
+established across a table only where Holm's adjusted p is below 0.05."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class Difference:
     mean: float
     low: float
     high: float
+    p: float  # two-sided, of the same t test as the interval
 
     @property
     def distinguishable(self) -> bool:
@@ -41,7 +44,31 @@ def difference(a: Sequence[float], b: Sequence[float], paired: bool = False, lev
         mean, var = sum(a) / len(a) - sum(b) / len(b), va + vb
         df = var**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if var > 0 else 1
     half = stats.t.ppf((1 + level) / 2, df) * math.sqrt(var)
-    return Difference(mean, mean - half, mean + half)
+    p = 2 * stats.t.sf(abs(mean) / math.sqrt(var), df) if var > 0 else float(mean == 0)
+    return Difference(mean, mean - half, mean + half, float(p))
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p of each test in a family (NaN: no test, left out of the family): the i-th
+    smallest of m taken (m − i + 1) times, kept monotone, at most 1. A test is rejected at level α where its
+    adjusted p is below α; the chance of any false rejection in the family stays under α."""
+    tested = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out, running = [math.nan] * len(ps), 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        out[i] = running
+    return out
+
+
+def benjamini_hochberg(ps: Sequence[float]) -> list[float]:
+    """The Benjamini–Hochberg q of each test in a family (NaN left out): rejecting where q is below α keeps the
+    expected share of false rejections among the rejected under α (scipy's false_discovery_control)."""
+    tested = [i for i, p in enumerate(ps) if not math.isnan(p)]
+    out = [math.nan] * len(ps)
+    if tested:
+        for i, q in zip(tested, stats.false_discovery_control([ps[i] for i in tested], method="bh"), strict=True):
+            out[i] = float(q)
+    return out
 
 
 def _variance(values: Sequence[float]) -> float:
