@@ -381,3 +381,27 @@ def test_the_tuned_pages_corrections_are_the_committed_tables():
         f"corrected over the table's {len(fmnist)}, Holm's step-down correction leaves "
         f"{int(beyond['established'].sum())} of them established ({', '.join(fallen)}'s falls)" in page
     )
+
+
+def test_run_tuned_says_when_the_space_it_was_searched_from_has_changed(tmp_path, monkeypatch):
+    """`tuner run --tuned` reads the provenance: a space file whose hash differs from the recorded one is named in a
+    note (the run goes on); an unchanged one says nothing."""
+    from tuner.settings.tuned_files import file_hash
+
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text("search: {lr: {loguniform: [0.001, 0.1]}}\n")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    settings = {"dataset": "digits", "partition": "iid", "clients": 4, "rounds": 1, "lr": 0.05}
+    provenance = {"space": "space.yaml", "space_sha256": file_hash(space)}
+    (folder / "fedavg.yaml").write_text(
+        yaml.safe_dump({"method": "fedavg", "settings": settings, "provenance": provenance})
+    )
+    same = CliRunner().invoke(app, ["run", "fedavg", "--tuned", str(folder), "--out", str(tmp_path / "a")])
+    assert same.exit_code == 0 and "has changed since" not in same.output, same.output
+    space.write_text("search: {lr: {loguniform: [0.001, 0.5]}}\n")
+    changed = CliRunner().invoke(app, ["run", "fedavg", "--tuned", str(folder), "--out", str(tmp_path / "b")])
+    assert changed.exit_code == 0, changed.output
+    said = " ".join(changed.output.split())
+    assert f"Note: space.yaml has changed since {folder / 'fedavg.yaml'} was tuned from it" in said

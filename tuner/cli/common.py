@@ -99,9 +99,12 @@ def make_config(
     layers = []
     if tuned is not None:
         from tuner.plugins import method_class
-        from tuner.settings.tuned_files import read_tuned
+        from tuner.settings.tuned_files import changed_space, read_tuned
 
         layers.append(read_tuned(method_class(method).name, tuned, {**options, **typed}))
+        note = changed_space(layers[-1][0])
+        if note:
+            err.print(note, markup=False, highlight=False, soft_wrap=True)
     layers += [(str(config), load_yaml(config))] if config is not None else []
     layers += [(f"--{name}", {name: value}) for name, value in options.items() if value is not None]
     return resolve_layers(method, layers + [("--set", typed)])

@@ -51,6 +51,19 @@ def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def changed_space(tuned_file: str | Path) -> str | None:
+    """A sentence where the space file a tuned file was searched from has changed since (its hash differs), so the
+    settings may no longer be that space's best; None where it is unchanged or not here to compare."""
+    provenance = (load_yaml(Path(tuned_file)) or {}).get("provenance") or {}
+    space, recorded = provenance.get("space"), provenance.get("space_sha256")
+    if not space or not recorded or not Path(space).is_file() or file_hash(Path(space)) == recorded:
+        return None
+    return (
+        f"Note: {space} has changed since {tuned_file} was tuned from it (its hash was {recorded}); these settings "
+        "are that search's best, not necessarily the current space's."
+    )
+
+
 def write_tuned(folder: Path, method: str, settings: dict[str, Any], provenance: dict[str, Any]) -> Path:
     """`folder`/SETTING/METHOD.yaml, replacing an earlier one (the newest comparison's best)."""
     path = folder / setting_name(settings) / f"{method}.yaml"
