@@ -165,6 +165,8 @@ class Method:
     origin: ClassVar[str] = ""
     family: ClassVar[str] = ""  # set by `variant`: the method a variant belongs to
     fixed: ClassVar[dict] = {}  # set by `variant`: the hyperparameters it fixes
+    # why its runs cannot be packed into one program with others (tuner/engine/pack.py), one clause; "": they can
+    unpackable: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

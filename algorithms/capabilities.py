@@ -42,6 +42,8 @@ class Serial:
     it, and the server aggregates that one client's upload before the next trains (pFedHN's Algorithm 1: a
     hypernetwork step after every client)."""
 
+    unpackable: ClassVar[str] = "its clients train one after another, the server moving between them"
+
 
 class BatchedStatistics:
     """Each call of `statistics` (and `trained_statistics`) holds whole batches of the run's batch size, in order,

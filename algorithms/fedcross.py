@@ -44,6 +44,7 @@ class FedCross(Method):
     source = "PFLlib clientcross.py"
     Hparams = FedCrossHparams
     shared = ()
+    unpackable = "each client's middleware is drawn from its run's seed and cohort as its round begins"
 
     def __init__(self, net, training, hp=None):
         super().__init__(net, training, hp)

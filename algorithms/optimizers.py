@@ -1,6 +1,7 @@
 """The optimizers a method's phases and its server step with: SGD as torch.optim's, and the server's Adam and
 Yogi of FedOpt. In place and fused over a dict of tensors; the numbers may be 0-dim tensors (the inputs of a
-compiled step: algorithms.base.hyperparameter_inputs)."""
+compiled step: algorithms.base.hyperparameter_inputs), or, in a pack of runs, a number for each row of the stacked
+tensors (tuner/engine/pack.py)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,21 @@ class SGD:
             else {}
         )
 
+    def for_rows(self, rest: State, server: State) -> SGD:
+        """The optimizer a step of these rows applies: itself, or in a pack of runs each row's own numbers, read
+        from the row's state and the pack's server (tuner/engine/pack.py)."""
+        return self
+
     def step(self, params: State, grads: State, state: State) -> None:
         keys = list(params)
         held = [k for k in keys if not k.startswith(self.plain)]  # the rest step by their plain gradient
         p = [params[k] for k in held]
         d = [grads[k] for k in held]
         if is_on(self.weight_decay):
-            d = torch._foreach_add(d, torch._foreach_mul(p, self.weight_decay))
+            d = torch._foreach_add(d, torch._foreach_mul(p, by_row(self.weight_decay, p)))
         if is_on(self.momentum):
             buf = [state[k] for k in held]
-            torch._foreach_mul_(buf, self.momentum)
+            torch._foreach_mul_(buf, by_row(self.momentum, buf))
             torch._foreach_add_(buf, d)
             d = buf
         direction = {**{k: grads[k] for k in keys}, **dict(zip(held, d, strict=True))}
@@ -54,9 +60,18 @@ class SGD:
             )
         lrs = dict(self.group_lrs)
         for prefix, group in groups.items():  # one fused update per learning rate
+            moves = [direction[k] for k in group]
             torch._foreach_sub_(
-                [params[k] for k in group], torch._foreach_mul([direction[k] for k in group], lrs.get(prefix, self.lr))
+                [params[k] for k in group], torch._foreach_mul(moves, by_row(lrs.get(prefix, self.lr), moves))
             )
+
+
+def by_row(number: Number, tensors: list[torch.Tensor]) -> Number | list[torch.Tensor]:
+    """A number as _foreach_mul takes it: a number or 0-dim tensor as it is; a pack's number a row, (rows,), viewed
+    against each stacked tensor (rows, ...), so each row is multiplied by its own, the same product as alone."""
+    if not isinstance(number, torch.Tensor) or number.dim() == 0:
+        return number
+    return [number.view(-1, *[1] * (t.dim() - 1)) for t in tensors]
 
 
 @dataclass(frozen=True)

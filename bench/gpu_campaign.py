@@ -63,7 +63,8 @@ from bench.campaign.speed import SPEED_METHODS, profile, speed  # noqa: E402
 from bench.campaign.summary import summary_markdown  # noqa: E402
 from bench.engine_speed import what_ran  # noqa: E402
 from bench.provenance import commit  # noqa: E402
-from tuner.federated_run import build_simulation, device_name  # noqa: E402
+from tuner.federated_run import build_simulation  # noqa: E402
+from tuner.run_folder import device_name  # noqa: E402
 from tuner.settings.config import RunConfig  # noqa: E402
 
 SHARES = {"environment": 0.02, "correctness": 0.2, "speed": 0.15, "profile": 0.05, "sharing": 0.13, "real run": 0.45}

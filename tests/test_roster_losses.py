@@ -1,6 +1,8 @@
 """PFLlib's roster, what each method trains on: its local objective (distillation, contrast, regularizers,
 prototypes, generators). Each test fails if the method's defining term is removed."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ from simulations import batch, client, sim_for
 from torch.func import grad
 
 from algorithms.fedntd import not_true_kl
+from tuner.engine.steps import step_gradient
 
 
 def test_fedntd_distills_the_received_models_not_true_classes_only():
@@ -357,16 +360,14 @@ def test_a_phase_clips_each_clients_gradient_as_clip_grad_norm():
     (phase,) = m.phases()
     params = {k: state[k] for k in m.net.keys(("body.",))}
     rest = {k: v for k, v in state.items() if k not in params}
-    clipped, _ = sim.executor._step_loss(phase)(params, rest, sim.server, x, y)
+    clipped, _ = step_gradient(phase, m.loss)(params, rest, sim.server, x, y)
     leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     m.loss({**rest, **leaves}, sim.server, x, y).backward()
     raw = torch.sqrt(sum((v.grad**2).sum() for v in leaves.values()))
     torch.nn.utils.clip_grad_norm_(list(leaves.values()), 10.0)
     for k in params:  # torch's own clip_grad_norm_ (at 10: whichever side of it this gradient falls)
         torch.testing.assert_close(clipped[k], leaves[k].grad)
-    from dataclasses import replace
-
-    tight, _ = sim.executor._step_loss(replace(phase, clip=float(raw) / 4))(params, rest, sim.server, x, y)
+    tight, _ = step_gradient(replace(phase, clip=float(raw) / 4), m.loss)(params, rest, sim.server, x, y)
     # a norm over the limit is cut to it
     assert torch.sqrt(sum((v**2).sum() for v in tight.values())) == pytest.approx(float(raw) / 4, rel=1e-6)
 

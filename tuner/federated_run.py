@@ -1,21 +1,15 @@
-"""Assemble a simulation from a RunConfig, and run it with its results written as it goes.
-
-A run directory holds `config.yaml` (everything needed to rerun it), `metrics.parquet` (one
-row per round) and `checkpoint.pt` (the whole federated state, every `checkpoint_every`
-rounds and at the end), so a stopped run resumes exactly and a diverging one keeps its rows.
-"""
+"""Assemble a simulation from a RunConfig, and run it with its results written as it goes into its folder
+(tuner/run_folder.py), so a stopped run resumes exactly and a diverging one keeps its rows."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
-import yaml
 
 from algorithms.base import Method, Unsupported
 from algorithms.net import Net
@@ -26,14 +20,15 @@ from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine.executors import EngineSettings
+from tuner.engine.pack import Pack
 from tuner.engine.simulation import Simulation
 from tuner.errors import UserError
-from tuner.files import ensure_writable, folder_lock, write_atomic, write_text_atomic
+from tuner.files import ensure_writable, folder_lock, write_atomic
 from tuner.models import build_backbone, with_conv_form
 from tuner.plugins import method_class
+from tuner.run_folder import RunDir
 from tuner.settings.config import RunConfig, RunPlan, apply_settings
 from tuner.settings.schedule import SCHEDULE_FILE, load_schedule, settings_at
-from tuner.settings.tuned_files import checkout_commit
 
 Decode = Callable[[torch.Tensor], torch.Tensor]  # stored samples to model inputs
 PARTITION_BATCH = 10  # PFLlib's generators fix the floor with their batch of 10, whatever batch a run trains with
@@ -154,6 +149,32 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
 
 def planned_simulation(cfg: RunConfig, data: FederatedData | None = None) -> tuple[RunPlan, Simulation]:
     """The run's plan and its simulation (build_simulation)."""
+    plan, data = _planned_data(cfg, data)
+    return plan, Simulation(build_method(plan, data), data, engine_settings(plan))
+
+
+# what runs of a pack may differ in: their seeds and the numbers a program reads (tuner/engine/pack.py)
+PACKED_APART = ("seed", "lr", "momentum", "weight_decay", "hparams")
+
+
+def planned_pack(cfgs: list[RunConfig]) -> tuple[list[RunPlan], Pack]:
+    """The runs' plans and one Pack of them (tuner/engine/pack.py), on data loaded once.
+
+    Raises:
+        UserError: a setting a run refuses, or runs that differ in more than PACKED_APART; ValueError: runs that are
+            not one program (Pack's clause: a number 0 in one run and not another, a method that cannot be packed).
+    """
+    plan, data = _planned_data(cfgs[0], None)
+    plans = [plan] + [_planned_data(c, data)[0] for c in cfgs[1:]]
+    same = lambda p: {k: v for k, v in asdict(p).items() if k not in PACKED_APART}  # noqa: E731
+    differ = sorted(k for k in same(plan) if any(same(p)[k] != same(plan)[k] for p in plans))
+    if differ:
+        raise UserError(f"Runs packed together differ only in {', '.join(PACKED_APART)}; these differ in {differ}.")
+    return plans, Pack([build_method(p, data) for p in plans], data, engine_settings(plan))
+
+
+def _planned_data(cfg: RunConfig, data: FederatedData | None) -> tuple[RunPlan, FederatedData]:
+    """The run's plan and its data on its device, decoded to its float type."""
     plan = cfg.resolved()
     device = torch.device(plan.device)
     if plan.deterministic:
@@ -163,8 +184,11 @@ def planned_simulation(cfg: RunConfig, data: FederatedData | None = None) -> tup
     check_batches(plan, data)
     if plan.dtype != "float32":
         data = replace(data, decode=_decoding_to(getattr(torch, plan.dtype), data.decode))
-    method = build_method(plan, data)
-    settings = EngineSettings(
+    return plan, data
+
+
+def engine_settings(plan: RunPlan) -> EngineSettings:
+    return EngineSettings(
         seed=plan.seed,
         join_ratio=plan.join,
         eval_gap=plan.eval_gap,
@@ -176,7 +200,6 @@ def planned_simulation(cfg: RunConfig, data: FederatedData | None = None) -> tup
         augment=plan.augment,
         full_last_round=plan.full_last_round,
     )
-    return plan, Simulation(method, data, settings)
 
 
 def build_method(cfg: RunPlan, data: FederatedData) -> Method:
@@ -232,82 +255,6 @@ def rebuilt(sim: Simulation, cfg: RunConfig) -> Simulation:
     new = build_simulation(cfg, data=sim.data)
     new.load_state_dict(sim.state_dict())
     return new
-
-
-ENVIRONMENT_FILE = "environment.json"
-
-
-def device_name(device: torch.device) -> str:
-    """A device as a run's environment names it: the GPU's model, or the CPU and its cores."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
-
-
-def read_environment(folder: Path) -> list[dict]:
-    """The environments a run's commands recorded (RunDir.record_environment), oldest first."""
-    entries = json.loads((folder / ENVIRONMENT_FILE).read_text())
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ValueError(f"{ENVIRONMENT_FILE} is not a list of environments")
-    return entries
-
-
-class RunDir:
-    """The files of one run."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.config = self.path / "config.yaml"
-        self.metrics = self.path / "metrics.parquet"
-        self.checkpoint = self.path / "checkpoint.pt"
-        self.environment = self.path / ENVIRONMENT_FILE
-
-    def record_environment(self, device: torch.device, from_round: int) -> None:
-        """Where the rounds from `from_round` on run (the device by name, torch, the commit, "+changes" where the
-        checkout differs from it), added to what earlier commands of this run recorded: a run resumed elsewhere
-        says so, and the report carries it beside the run's figures."""
-        entry = {
-            "from_round": from_round,
-            "device": device_name(device),
-            "torch": torch.__version__,
-            "commit": checkout_commit(),
-        }
-        kept = read_environment(self.path) if self.environment.exists() else []
-        write_text_atomic(self.environment, json.dumps([*kept, entry], indent=1) + "\n")
-
-    def write_config(self, cfg: RunConfig) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.config, cfg.to_yaml())
-
-    def read_config(self) -> RunConfig:
-        if not self.config.exists():
-            raise UserError(f"{self.path} holds no config.yaml, so there is no run to resume there.")
-        return RunConfig(**yaml.safe_load(self.config.read_text()))
-
-    def write_metrics(self, history: list[dict]) -> None:
-        if history:
-            write_atomic(self.metrics, lambda p: pd.DataFrame(history).to_parquet(p, index=False))
-
-    def save(self, sim: Simulation) -> None:
-        write_atomic(self.checkpoint, lambda p: torch.save(sim.state_dict(), p))
-
-    def saved_round(self) -> int | None:
-        """The round of the checkpoint in this folder, or None where there is none that can be read."""
-        try:
-            return int(torch.load(self.checkpoint, weights_only=True)["round"])
-        except Exception:  # none, or damaged: either way nothing to resume from
-            return None
-
-    def load(self, sim: Simulation) -> None:
-        if not self.checkpoint.exists():
-            raise UserError(f"{self.path} holds no checkpoint.pt to resume from.")
-        try:
-            # tensors and numbers only: a checkpoint never runs code
-            state = torch.load(self.checkpoint, weights_only=True)
-        except Exception as e:  # unpickling a damaged file raises anything
-            raise UserError(
-                f"{self.checkpoint} cannot be read ({type(e).__name__}); the rows so far are in "
-                f"{self.metrics}: rerun without --resume."
-            ) from None
-        sim.load_state_dict(state)
 
 
 def run(

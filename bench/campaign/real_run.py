@@ -22,7 +22,7 @@ import pandas as pd
 from bench.campaign.processes import finished, raise_if_failed, run_figures, stop, tuner_run, wait_any
 from tuner.engine.compile import CUDA_CHECKED
 from tuner.experiments.reproduce import cells
-from tuner.federated_run import ENVIRONMENT_FILE, read_environment
+from tuner.run_folder import ENVIRONMENT_FILE, read_environment
 from tuner.settings import papers
 
 # The papers' Fashion-MNIST columns: name -> (table, partition, clients, checkpoint_every, rounds: None for the

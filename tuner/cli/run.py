@@ -82,7 +82,7 @@ def run(
     ),
 ):
     """Run one federated simulation and write its per-round metrics."""
-    from tuner.federated_run import RunDir
+    from tuner.run_folder import RunDir
     from tuner.settings.schedule import load_schedule
 
     if out is None:
@@ -133,8 +133,8 @@ def seed_list(text: str, sets: list[str]) -> list[int]:
 
 def run_one(cfg: RunConfig, out: Path, resume: bool, table, again: str, label: str = "") -> None:
     """One run with its progress line and summary; a stop (Ctrl-C, SIGTERM) says how to continue and exits 130."""
-    from tuner.federated_run import RunDir
     from tuner.federated_run import run as run_simulation
+    from tuner.run_folder import RunDir
 
     done = 0
     with Progress(

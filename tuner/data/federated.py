@@ -32,6 +32,19 @@ class Split:
     def offsets(self) -> list[int]:
         return [0, *np.cumsum(self.counts).tolist()]
 
+    @cached_property
+    def starts(self) -> list[int]:
+        """Where each client's rows begin (a tiled split's copies begin where their client does)."""
+        return self.offsets[:-1]
+
+    def tiled(self, copies: int) -> Split:
+        """The split with its clients `copies` times over, client i of copy c being client c·N + i, every copy
+        reading the same rows (a pack's federations: tuner/engine/pack.py); only `starts` and `counts` locate a
+        tiled client."""
+        out = Split(self.x, self.y, self.counts * copies)
+        out.__dict__["starts"] = self.starts * copies
+        return out
+
     def client(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.x[a:b], self.y[a:b]
@@ -39,7 +52,7 @@ class Split:
     @cached_property
     def _device_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets, counts) on the data's device, so index building never copies from the host."""
-        return (torch.tensor(self.offsets[:-1], device=self.y.device), torch.tensor(self.counts, device=self.y.device))
+        return (torch.tensor(self.starts, device=self.y.device), torch.tensor(self.counts, device=self.y.device))
 
     def padded_index(self, ids: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows start:start+width of each client in ids (a tensor on the data's device), as (index, mask) on

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from algorithms.base import Method, State
@@ -30,7 +29,7 @@ from tuner.data.federated import FederatedData, Split
 from tuner.engine.compile import Program, Ran, compile_errors, first_line, say
 from tuner.engine.draws import PADDED, draw_keys
 from tuner.engine.phases import PhasePlan, chunk_schedule, plan_phase
-from tuner.engine.steps import CHUNKS, CompiledStep, EagerStep, block_of_steps
+from tuner.engine.steps import CHUNKS, CompiledStep, EagerStep, block_of_steps, step_gradient
 from tuner.errors import OutOfMemory
 
 EXECUTORS = ("vectorized", "sequential")
@@ -51,6 +50,8 @@ class EngineSettings:
     eval_batch: int = 256  # samples per client per evaluation step
     augment: bool = False  # random crop + flip of training images (tuner/data/augment.py)
     full_last_round: bool = False  # every client takes part in the last round (FedPAC §5)
+    # a pack's runs (tuner/engine/pack.py): each run's seed, its clients rows run·N .. run·N + N - 1; () alone
+    pack_seeds: tuple[int, ...] = ()
 
 
 def float_type(states: State) -> torch.dtype:
@@ -92,6 +93,15 @@ class Executor:
         self.summing_shapes: dict[str, set] = {}  # ... and the shapes they ran
         self.ran = Ran()
 
+    def draw_id(self, row: int) -> tuple[int, int]:
+        """The (seed, client) a cohort row's draws are keyed by: the run's seed and the client's id, a packed row's
+        those of its own run (so it draws what it draws alone)."""
+        seeds = self.settings.pack_seeds
+        if not seeds:
+            return self.settings.seed, row
+        clients = self.data.num_clients // len(seeds)
+        return seeds[row // clients], row % clients
+
     def mapped(self, fn: Callable, in_dims: tuple, hook: str, at: Round) -> Callable:
         """fn applied to each row of the arguments whose in_dim is 0, stacked; row i is client `at.clients[i]`
         (the active clients, a prefix of them, may be fewer)."""
@@ -123,33 +133,10 @@ class Executor:
                 continue
             start = part.stop
 
-    def _step_loss(self, phase: Phase) -> Callable:
-        loss = phase.loss or self.method.loss
-
-        def f(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> Tensor:
-            return loss({**rest, **params}, server, x, y)
-
-        if phase.clip is None:
-            return grad_and_value(f)
-        limit = phase.clip
-
-        # one client's gradient, as clip_grad_norm_ scales it
-        def clipped(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> tuple[State, Tensor]:
-            g, value = grad_and_value(f)(params, rest, server, x, y)
-            out: State = {}
-            for group in phase.clip_groups or (tuple(g),):
-                part = {k: v for k, v in g.items() if k.startswith(group)}
-                norm = torch.sqrt(sum((v**2).sum() for v in part.values()))
-                scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
-                out |= {k: v * scale for k, v in part.items()}
-            return out, value
-
-        return clipped
-
     def step(self, phase: Phase, trains: list[str], at: Round) -> EagerStep | CompiledStep:
         """The training step of a phase. A compiled one is made once per phase and kept for the run: a new
         program each round would recompile (tests count the compilations)."""
-        grad = self._step_loss(phase)
+        grad = step_gradient(phase, phase.loss or self.method.loss)
 
         def eager() -> EagerStep:
             return EagerStep(self.mapped(grad, (0, 0, None, 0, 0), "loss", at), phase, self.data.decode, self.ran)
@@ -233,7 +220,7 @@ class Executor:
                 batch,
                 at,
                 stream_base + number,
-                self.settings.seed,
+                [self.draw_id(i) for i in at.clients.tolist()],
                 self.settings.augment,
                 self.data.train.counts,
                 self.method.draws,
@@ -256,7 +243,7 @@ class Executor:
             return
         order_t = torch.tensor(order, device=device)
         step = self.step(plan.phase, plan.keys, replace(at, clients=at.clients[order_t]))  # row i: client order[i]
-        schedule = chunk_schedule(plan, order, [train.offsets[i] for i in ids], step.block, device)
+        schedule = chunk_schedule(plan, order, [train.starts[i] for i in ids], step.block, device)
         active = [sum(1 for c in n_steps if c > t) for t in range(n_steps[0])]
         tensors = CHUNKS.take(cohort, len(order), depth)
         for k, v in cohort.items():
@@ -371,9 +358,9 @@ class Executor:
             width = max(multiple, width // multiple * multiple)
             starts = range(0, max(counts[0], 1), width)
             if self.method.draws:
-                seed = self.settings.seed
+                keyed = [self.draw_id(ids[j]) for j in rows]
                 state[DRAW_KEY] = torch.stack(
-                    [draw_keys(seed, at.number, stream, ids[j], len(starts)) for j in rows]
+                    [draw_keys(seed, at.number, stream, client, len(starts)) for seed, client in keyed]
                 ).to(device)
             summed, pad = self.summer(fn, hook, replace(at, clients=clients))  # row i: clients[i]
             total: State = {}

@@ -44,20 +44,24 @@ def plan_phase(
     batch: int,
     at: Round,
     stream: int,
-    seed: int,
+    draw_ids: list[tuple[int, int]],
     augment: bool,
     counts: list[int],
     draws: bool,
 ) -> PhasePlan:
     """A phase's round for the cohort `at.clients`: each client's batch rows, its augmentation draws where the run
-    augments (`augment`) and its noise keys where the method draws (`draws`), all drawn from the run's `seed`."""
-    ids = at.clients.tolist()
-    scheds = [phase_schedule(phase, seed, at.number, stream, i, counts[i], batch) for i in ids]
-    pairs = list(zip(ids, scheds, strict=True))
+    augments (`augment`) and its noise keys where the method draws (`draws`), all drawn from each client's
+    (seed, client) in `draw_ids` (its run's seed and its own id: tuner/engine/executors.py `Executor.draw_id`)."""
+    rows = at.clients.tolist()
+    scheds = [
+        phase_schedule(phase, s, at.number, stream, i, counts[r], batch)
+        for r, (s, i) in zip(rows, draw_ids, strict=True)
+    ]
+    pairs = list(zip(draw_ids, scheds, strict=True))
     augmented = (
-        [augment_draws(augment_seed(seed, at.number, stream, i), *q.shape) for i, q in pairs] if augment else None
+        [augment_draws(augment_seed(s, at.number, stream, i), *q.shape) for (s, i), q in pairs] if augment else None
     )
-    noise = [draw_keys(seed, at.number, stream, i, len(q)) for i, q in pairs] if draws else None
+    noise = [draw_keys(s, at.number, stream, i, len(q)) for (s, i), q in pairs] if draws else None
     return PhasePlan(phase, number, keys, batch, scheds, augmented, noise)
 
 

@@ -55,27 +55,16 @@ def split_metrics(correct: torch.Tensor, loss_sum: torch.Tensor, counts: list[in
     }
 
 
-class Simulation:
-    """A whole federated run: its state, one round at a time."""
+class Rounds:
+    """What a round does to a federation's clients and server: the round's mechanics, shared by one run
+    (`Simulation`) and a pack of runs (tuner/engine/pack.py's `Pack`, whose method and data are its runs')."""
 
-    def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
-        if isinstance(method, HeldOut):
-            data = data.hold_out(method.holdout)
-        model = method.net.initial_state()
-        n = data.num_clients
-        dtype = next(v.dtype for v in model.values() if v.is_floating_point())
-        method = hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
+    def __init__(self, method: Method, data: FederatedData, settings: EngineSettings, server: State, clients: State):
         self.method, self.data, self.settings = method, data, settings
         self.executor = make_executor(settings.executor, method, data, settings)
-        # method modules are float32
-        as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731
-        self.server = as_model(method.init_server(model))
-        client = as_model(method.init_client(model))
-        self.clients = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).contiguous() for k, v in client.items()}
+        self.server, self.clients = server, clients
         self.round = 0
-        self._broadcast(list(range(n)))
-        self.history: list[dict] = []
-        self.best_acc = -math.inf
+        self._broadcast(list(range(data.num_clients)))
 
     @property
     def device(self) -> torch.device:
@@ -148,7 +137,9 @@ class Simulation:
             parts.append(self.executor.map(method.memory, clients, self.server, x, y, w, hook="memory", at=at))
         return {k: torch.cat([p[k] for p in parts], 1)[:, :longest] for k in parts[0]}
 
-    def evaluate(self) -> dict[str, float]:
+    def _evaluation_sums(self) -> list[tuple[str, State, list[int]]]:
+        """Each evaluated split's prefix ("" test, "val_"), every client's sums of correct predictions and loss over
+        it, and each client's samples in it."""
         clients = self.clients
         at = self.at(self.round, list(range(self.data.num_clients)))
         if self.method.eval_phases():  # fine-tune copies of every client first
@@ -156,17 +147,12 @@ class Simulation:
             self.executor.train(self.method.eval_phases(), clients, self.server, at, FINE_TUNE_STREAM)
         if isinstance(self.method, Memory):
             clients = {**clients, **self._memory(self.method, clients, at)}
-        row: dict[str, Any] = {}
+        out = []
         for prefix, split, stream in (("", self.data.test, TEST_STREAM), ("val_", self.data.val, VAL_STREAM)):
-            if split is None:
-                continue
-            sums = self.executor.sum_over(self._accuracy, clients, self.server, split, "logits", at, stream)
-            m = split_metrics(sums["correct"].cpu(), sums["loss"].cpu().double(), split.counts)
-            if prefix:
-                row |= {"val_acc": m["acc"], "val_loss": m["loss"]}
-            else:
-                row |= {k: m[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": m["loss"]}
-        return row
+            if split is not None:
+                sums = self.executor.sum_over(self._accuracy, clients, self.server, split, "logits", at, stream)
+                out.append((prefix, sums, split.counts))
+        return out
 
     def _local_round(self, at: Round) -> torch.Tensor:
         """Train, upload and aggregate one group of clients; returns each client's mean training loss."""
@@ -184,6 +170,35 @@ class Simulation:
             self.server = m.aggregate(self.server, uploads, at)
         return client_loss
 
+    def _train(self, rnd: int, ids: list[int]) -> torch.Tensor:
+        """Round `rnd` of the cohort `ids`: each client's mean training loss."""
+        groups = [[i] for i in ids] if isinstance(self.method, Serial) else [ids]
+        losses = []
+        for g, group in enumerate(groups):
+            if g:  # a serial round: the server has moved since the previous client
+                self._broadcast(group)
+            losses.append(self._local_round(self.at(rnd, group)))
+        return torch.cat(losses)
+
+
+class Simulation(Rounds):
+    """A whole federated run: its state, one round at a time."""
+
+    def __init__(self, method: Method, data: FederatedData, settings: EngineSettings):
+        if isinstance(method, HeldOut):
+            data = data.hold_out(method.holdout)
+        model = method.net.initial_state()
+        dtype = next(v.dtype for v in model.values() if v.is_floating_point())
+        method = hyperparameter_inputs(method, next(iter(model.values())).device, dtype)
+        server, client = initial_states(method, model)
+        clients = {k: v.unsqueeze(0).repeat(data.num_clients, *[1] * v.dim()).contiguous() for k, v in client.items()}
+        super().__init__(method, data, settings, server, clients)
+        self.history: list[dict] = []
+        self.best_acc = -math.inf
+
+    def evaluate(self) -> dict[str, float]:
+        return metrics_row(self._evaluation_sums())
+
     def step(self) -> dict:
         """Run one round and return its metrics row."""
         t0 = time.perf_counter()
@@ -193,28 +208,11 @@ class Simulation:
         ids = sample_cohort(
             s.seed, rnd, self.data.num_clients, s.join_ratio, s.full_last_round and rnd == self.method.training.rounds
         )
-        groups = [[i] for i in ids] if isinstance(self.method, Serial) else [ids]
-        losses = []
-        for g, group in enumerate(groups):
-            if g:  # a serial round: the server has moved since the previous client
-                self._broadcast(group)
-            losses.append(self._local_round(self.at(rnd, group)))
-        client_loss = torch.cat(losses)
+        client_loss = self._train(rnd, ids)
         n = torch.tensor([self.data.train.counts[i] for i in ids], dtype=torch.float64)
         train_loss = float((client_loss * n).sum() / n.sum())
         if not math.isfinite(train_loss):
-            # a method's float hyperparameters are 0-dim tensors by now (hyperparameter_inputs)
-            own = ", ".join(
-                f"{k}={float(v):.4g}"
-                for k, v in asdict(self.method.hp).items()
-                if isinstance(v, float) or (isinstance(v, torch.Tensor) and v.numel() == 1)
-            )
-            raise DivergedError(
-                f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning "
-                f"rate (lr={float(self.method.training.lr):.4g})"
-                + (f" or the step its own settings take ({own})" if own else "")
-                + " and run again."
-            )
+            raise DivergedError(diverged(self.method, rnd, train_loss))
         self.round = rnd
         self._broadcast(list(range(self.data.num_clients)))
         row: dict[str, Any] = {"round": rnd, "clients": len(ids), "train_loss": train_loss}
@@ -260,3 +258,38 @@ def _own_memory(outputs: State, server: State, inputs: State | None = None) -> S
         return (v.dim() > 0 and v.stride(0) == 0) or ptr in server_memory or held.get(ptr, k) != k
 
     return {k: v.clone() if aliased(k, v) else v for k, v in outputs.items()}
+
+
+def initial_states(method: Method, model: State) -> tuple[State, State]:
+    """The server's and one client's state at first, in the run's float type (method modules are float32)."""
+    dtype = float_type(model)
+    as_model = lambda d: {k: v.to(dtype) if v.is_floating_point() else v for k, v in d.items()}  # noqa: E731
+    return as_model(method.init_server(model)), as_model(method.init_client(model))
+
+
+def metrics_row(sums: list[tuple[str, State, list[int]]]) -> dict[str, float]:
+    """A round's evaluation figures from each split's per-client sums (Rounds._evaluation_sums)."""
+    row: dict[str, float] = {}
+    for prefix, split_sums, counts in sums:
+        m = split_metrics(split_sums["correct"].cpu(), split_sums["loss"].cpu().double(), counts)
+        if prefix:
+            row |= {"val_acc": m["acc"], "val_loss": m["loss"]}
+        else:
+            row |= {k: m[k] for k in ("acc", "acc_client_mean", "acc_std", "acc_cv")} | {"test_loss": m["loss"]}
+    return row
+
+
+def diverged(method: Method, rnd: int, train_loss: float) -> str:
+    """What to change when a run's training loss stops being finite (a DivergedError's message)."""
+    # a method's float hyperparameters are 0-dim tensors by now (hyperparameter_inputs)
+    own = ", ".join(
+        f"{k}={float(v):.4g}"
+        for k, v in asdict(method.hp).items()
+        if isinstance(v, float) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+    )
+    return (
+        f"The run diverged in round {rnd}: the training loss became {train_loss}; lower the learning "
+        f"rate (lr={float(method.training.lr):.4g})"
+        + (f" or the step its own settings take ({own})" if own else "")
+        + " and run again."
+    )

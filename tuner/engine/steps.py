@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch.func import grad_and_value
 
 from algorithms.base import State
 from algorithms.common import DRAW_KEY
@@ -56,11 +57,35 @@ class EagerStep:
         if keys is not None:
             rest = {**rest, DRAW_KEY: keys[0]}
         g, loss = self.grad(params, rest, server, self.decode(xs[0]), ys[0])
-        self.optimizer.step(params, g, opt_state)
+        self.optimizer.for_rows(rest, server).step(params, g, opt_state)
         if self.project is not None:
             for k, v in self.project(params).items():
                 params[k].copy_(v)
         return loss
+
+
+def step_gradient(phase: Phase, loss: Callable) -> Callable:
+    """One client's gradient of a phase's loss and the loss: grad(params, rest, server, x, y), each step's
+    gradient clipped first where the phase clips it (as clip_grad_norm_ scales it, a group at a time)."""
+
+    def f(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> Tensor:
+        return loss({**rest, **params}, server, x, y)
+
+    if phase.clip is None:
+        return grad_and_value(f)
+    limit = phase.clip
+
+    def clipped(params: State, rest: State, server: State, x: Tensor, y: Tensor) -> tuple[State, Tensor]:
+        g, value = grad_and_value(f)(params, rest, server, x, y)
+        out: State = {}
+        for group in phase.clip_groups or (tuple(g),):
+            part = {k: v for k, v in g.items() if k.startswith(group)}
+            norm = torch.sqrt(sum((v**2).sum() for v in part.values()))
+            scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
+            out |= {k: v * scale for k, v in part.items()}
+        return out, value
+
+    return clipped
 
 
 def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> Callable:
@@ -75,7 +100,7 @@ def pure_step(grad: Callable, phase: Phase, in_place: Callable[[str], bool]) -> 
         stats = {k: v.clone() for k, v in rest.items() if in_place(k)}  # the forward updates these in place
         g, loss = grad(params, {**rest, **stats}, server, x, y)
         new_params, new_opt = {k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in opt_state.items()}
-        phase.optimizer.step(new_params, g, new_opt)
+        phase.optimizer.for_rows(rest, server).step(new_params, g, new_opt)
         if phase.project is not None:
             new_params.update(phase.project(new_params))
         for new, old in ((new_params, params), (new_opt, opt_state), (stats, rest)):

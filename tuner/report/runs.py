@@ -18,9 +18,9 @@ import pandas as pd
 import yaml
 
 from tuner.errors import UserError, first_sentence
-from tuner.federated_run import RunDir, read_environment
 from tuner.files import LOCK_FILE, lock_holder
 from tuner.plugins import method_title
+from tuner.run_folder import RunDir, read_environment
 from tuner.selection import SCORE, best_of, selection, started
 from tuner.settings.config import RunConfig
 from tuner.sweep.schedulers import SCHEDULERS

@@ -1,0 +1,122 @@
+"""A pack (tuner/engine/pack.py): P runs of one method as one federation, each run's figures and state those it has
+alone, in float64 to 1e-9 (here: to the last bit, where nothing is summed in another order)."""
+
+import contextlib
+from dataclasses import fields
+
+import pytest
+import torch
+from simulations import EXACT, exact_config, run_rounds
+
+from tuner.engine.pack import Pack
+from tuner.errors import UserError
+from tuner.federated_run import build_simulation, planned_pack
+from tuner.plugins import method_class
+
+FIGURES = ("acc", "acc_std", "val_acc", "train_loss", "test_loss", "best_acc")
+
+# one method a family of what a pack keeps apart: the optimizer's numbers, batch norm statistics, keyed noise, partial
+# batches and training on receipt, a held-out split and per-client server slots, a server written in Python (QP),
+# tensors drawn at build, a datastore, fine-tuning before evaluation, carried tensors, batched statistics, a server
+# optimizer, a phase's own lr, parameter groups' lrs, a server that trains from its seed
+FAMILIES = [
+    "fedavg",
+    "fedbn",
+    "fedcp-gumbel",
+    "fedala",
+    "fedfomo",
+    "fedamp",
+    "fedpac",
+    "gpfl-nopci",
+    "knn-per",
+    "fedavg_ft",
+    "feddbe",
+    "fedas",
+    "fedadam",
+    "ditto",
+    "apple",
+    "fedgen",
+]
+
+
+def halved(method: str) -> dict:
+    """Every nonzero float hyperparameter of the method at half its default: a second run's own numbers."""
+    defaults = method_class(method).Hparams()
+    return {
+        f.name: getattr(defaults, f.name) / 2
+        for f in fields(defaults)
+        if type(getattr(defaults, f.name)) is float and getattr(defaults, f.name)
+    }
+
+
+def runs_of(method: str, **kw) -> list:
+    """Two runs of one method apart in their seed, lr, momentum, weight decay and every float hyperparameter."""
+    first = exact_config(method, momentum=0.9, weight_decay=1e-3, **kw)
+    second = exact_config(
+        method, seed=3, lr=0.1, momentum=0.5, weight_decay=1e-2, hparams={**first.hparams, **halved(method)}, **kw
+    )
+    return [first, second]
+
+
+def assert_pack_equals_alone(cfgs: list, rounds: int = 2) -> Pack:
+    _, pack = planned_pack(cfgs)
+    packed = [pack.step() for _ in range(rounds)]
+    for r, cfg in enumerate(cfgs):
+        alone, rows = run_rounds(cfg, rounds)
+        for t, row in enumerate(rows):
+            assert packed[t][r]["clients"] == row["clients"]
+            for key in FIGURES:
+                assert packed[t][r][key] == pytest.approx(row[key], rel=1e-9, abs=1e-12), (r, t, key)
+        state = pack.state_dict(r)
+        for part, own in (("clients", alone.clients), ("server", alone.server)):
+            assert state[part].keys() == own.keys()
+            for k, v in own.items():
+                torch.testing.assert_close(state[part][k], v.cpu(), **EXACT)
+    return pack
+
+
+@pytest.mark.parametrize("method", FAMILIES)
+def test_a_packed_run_equals_the_run_alone(method):
+    assert_pack_equals_alone(runs_of(method))
+
+
+@pytest.mark.parametrize("kw", [{"executor": "sequential"}, {"cohort_chunk": 3}, {"augment": True}])
+def test_a_pack_equals_its_runs_on_either_executor_chunked_and_augmented(kw):
+    assert_pack_equals_alone(runs_of("ditto", **kw))
+
+
+def test_runs_whose_numbers_leak_into_each_other_fail_the_check(monkeypatch):
+    """The check can fail: a pack whose rows all read run 0's numbers is caught."""
+    monkeypatch.setattr("tuner.engine.pack.PackedHooks.pack_reading", lambda self, numbers: contextlib.nullcontext())
+    with pytest.raises(AssertionError):
+        assert_pack_equals_alone(runs_of("fedprox"))
+
+
+def test_three_seeds_pack_and_each_keeps_its_own_state():
+    cfgs = [exact_config("gpfl", seed=s) for s in (0, 1, 2)]
+    pack = assert_pack_equals_alone(cfgs, rounds=1)
+    assert len({pack.histories[r][0]["acc"] for r in range(3)}) == 3
+
+
+def test_runs_that_are_not_one_program_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="mu is 0 in some runs and not in others"):
+        planned_pack([exact_config("fedprox"), exact_config("fedprox", hparams={"mu": 0.0})])
+    with pytest.raises(ValueError, match="one after another"):
+        planned_pack([exact_config("pfedhn"), exact_config("pfedhn", seed=1)])
+    with pytest.raises(UserError, match="differ in.*batch_size"):
+        planned_pack([exact_config("fedavg"), exact_config("fedavg", batch_size=20)])
+
+
+def test_a_packed_runs_checkpoint_resumes_it_alone_and_back():
+    """A run's state out of a pack is its Simulation's, so it resumes alone; and alone's loads into a pack."""
+    cfgs = runs_of("fedprox")
+    _, pack = planned_pack(cfgs)
+    pack.step()
+    alone, rows = run_rounds(cfgs[1], 2)
+    resumed = build_simulation(cfgs[1])
+    resumed.load_state_dict(pack.state_dict(1))
+    assert resumed.step()["acc"] == pytest.approx(rows[1]["acc"], rel=1e-9)
+    _, again = planned_pack(cfgs)
+    for r in range(2):
+        again.load_state_dict(r, pack.state_dict(r))
+    assert again.step()[1]["acc"] == pytest.approx(rows[1]["acc"], rel=1e-9)
