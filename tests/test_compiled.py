@@ -9,6 +9,7 @@ goes on eager and gives the same numbers, so equality alone cannot tell. `test_e
 runs every test of this file with compiling made to fail and requires each to fail."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,12 +17,13 @@ import torch._dynamo
 import torch._functorch.config
 import torch._inductor.config
 import torch._inductor.scheduler
-from simulations import assert_equal_states, exact_config, reference_run, run_rounds
+from simulations import EXACT, assert_equal_states, exact_config, reference_run, run_rounds
 from torch._dynamo.utils import counters
 from torch._inductor.virtualized import V
 
 import tuner.engine.compile
 from tuner.engine.compile import INDUCTOR_CONFIGS
+from tuner.federated_run import planned_pack
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +178,32 @@ def test_a_trial_of_blocks_compiles_once_and_the_next_nothing():
     assert ran.programs == 0 and 3 * ran.compiled_calls < ran.compiled_steps <= 4 * ran.compiled_calls
 
 
+def test_a_compiled_pack_equals_its_runs_alone_and_the_next_pack_compiles_nothing():
+    """A pack of runs apart in seed, lr and mu runs compiled, each run equal to itself alone (eager); the next pack
+    of the same method and setting, with other seeds and numbers, compiles no program."""
+    base = dict(executor="vectorized", engine="compiled", join_ratio="1", clients=4)
+
+    def runs(seeds, lrs, mus):
+        return [
+            exact_config("fedprox", seed=s, lr=lr, hparams=dict(mu=mu), **base)
+            for s, lr, mu in zip(seeds, lrs, mus, strict=True)
+        ]
+
+    torch._dynamo.reset()
+    _, pack = planned_pack(runs((0, 3), (0.05, 0.1), (0.01, 0.5)))
+    rows = [pack.step() for _ in range(2)]
+    assert_compiled_ran(pack, [r[0] for r in rows])
+    _, second = planned_pack(cfgs := runs((5, 6), (0.03, 0.2), (0.3, 0.02)))
+    rows = [second.step() for _ in range(2)]
+    assert_compiled_ran(second, [r[1] for r in rows])
+    assert second.executor.ran.programs == 0
+    for r, cfg in enumerate(cfgs):
+        eager, eager_rows = run_rounds(replace(cfg, engine="eager"), 2)
+        for k, v in eager.clients.items():
+            torch.testing.assert_close(second.state_dict(r)["clients"][k], v, **EXACT)
+        assert rows[-1][r]["train_loss"] == pytest.approx(eager_rows[-1]["train_loss"], rel=1e-9)
+
+
 CHECKS = [
     (test_compiled_vectorized_steps_equal_the_sequential_reference_and_compile_each_shape_once, {"method": "fedpac"}),
     (test_a_compiled_run_compiles_nothing_after_its_shapes_are_known, {}),
@@ -188,6 +216,7 @@ CHECKS = [
     (test_a_compiled_step_keeps_what_the_forward_carries_to_the_next_step, {}),
     (test_a_block_of_steps_a_program_equals_a_step_at_a_time, {"case": "keyed noise", "executor": "vectorized"}),
     (test_a_trial_of_blocks_compiles_once_and_the_next_nothing, {}),
+    (test_a_compiled_pack_equals_its_runs_alone_and_the_next_pack_compiles_nothing, {}),
 ]
 
 

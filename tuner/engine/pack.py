@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class RowSGD(SGD):
     rows: tuple[tuple[str, str], ...] = ()
 
     def for_rows(self, rest: State, server: State) -> SGD:
-        own = {field: server[NUMBER + key][rest[RUN]] for field, key in self.rows}
+        own = {field: of_run(server[NUMBER + key], rest[RUN]) for field, key in self.rows}
         groups = tuple((prefix, own.get("group:" + prefix, lr)) for prefix, lr in self.group_lrs)
         return SGD(
             own.get("lr", self.lr),
@@ -102,6 +103,12 @@ class RowSGD(SGD):
             groups,
             self.plain,
         )
+
+
+def of_run(stacked: torch.Tensor, run: torch.Tensor) -> torch.Tensor:
+    """Each row's run's slice of a stack over runs (`run`: a row's run, or a stack of rows'), as a gather that vmap
+    and a compiled program take as they take any other (an index by a batched tensor would read it on the host)."""
+    return torch.index_select(stacked, 0, run.reshape(-1)).reshape(run.shape + stacked.shape[1:])
 
 
 def optimizer_numbers(optimizer: SGD) -> dict[str, Any]:
@@ -167,8 +174,8 @@ class PackedHooks:
             return fn(state, server, *args)
         run = state[RUN]
         mine = {k: v for k, v in state.items() if k != RUN}
-        its_server = {k.removeprefix(SERVER): v[run] for k, v in server.items() if k.startswith(SERVER)}
-        numbers = {name: server[NUMBER + name][run] for name in self.pack.numbers}
+        its_server = {k.removeprefix(SERVER): of_run(v, run) for k, v in server.items() if k.startswith(SERVER)}
+        numbers = {name: of_run(server[NUMBER + name], run) for name in self.pack.numbers}
         n = self.pack.clients
         args = tuple(own_round(a, n) if isinstance(a, Round) else a for a in args)
         with self.pack_reading(numbers):
@@ -238,11 +245,22 @@ def _phase_hook(kind: str) -> Callable:
 
 def packed_method(runs: list[Method], clients: int) -> Method:
     """The method a pack runs: run 0's, each hook of a row reading its own run's state, server and numbers."""
-    cls = type(runs[0])
+    packed_class = packed_class_of(type(runs[0]))
+    out: Any = object.__new__(packed_class)
+    out.__dict__.update(runs[0].__dict__)
+    numbers = [name for name in number_names(runs[0]) if isinstance(number(runs[0], name), torch.Tensor)]
+    out.pack = PackInfo(runs, clients, numbers, packed_class, {})
+    return out
+
+
+@cache
+def packed_class_of(cls: Any) -> Any:
+    """A method's class with PackedHooks: one a method for the process, as a compiled program guards on its
+    class, so the next pack of the method compiles nothing."""
     optional = ("statistics", "trained_statistics", "begin_local", "end_local")
     defined = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
     hooks = [h for h in ROW_HOOKS if (h not in optional or defined(h)) and (h != "upload" or cls.passes.upload)]
-    if isinstance(runs[0], Memory):
+    if issubclass(cls, Memory):
         hooks.append("memory")
     body: dict[str, Any] = {h: _row_hook(h) for h in hooks}
     body |= {kind: _phase_hook(kind) for kind in PHASE_KINDS if hasattr(cls, kind)}
@@ -250,11 +268,7 @@ def packed_method(runs: list[Method], clients: int) -> Method:
         body["aggregate"] = PackedHooks.pack_aggregate
     packed_class: Any = type(f"Packed{cls.__name__}", (PackedHooks, cls), body)
     assert packed_class.passes == cls.passes, "a pack takes the passes its method takes"
-    out: Any = object.__new__(packed_class)
-    out.__dict__.update(runs[0].__dict__)
-    numbers = [name for name in number_names(runs[0]) if isinstance(number(runs[0], name), torch.Tensor)]
-    out.pack = PackInfo(runs, clients, numbers, packed_class, {})
-    return out
+    return packed_class
 
 
 def tiled(data: FederatedData, copies: int) -> FederatedData:
