@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -253,10 +252,18 @@ def packed_method(runs: list[Method], clients: int) -> Method:
     return out
 
 
-@cache
-def packed_class_of(cls: Any) -> Any:
+PACKED_CLASSES: dict[type, Any] = {}
+
+
+def packed_class_of(cls: type[Method]) -> Any:
     """A method's class with PackedHooks: one a method for the process, as a compiled program guards on its
     class, so the next pack of the method compiles nothing."""
+    if cls not in PACKED_CLASSES:
+        PACKED_CLASSES[cls] = _with_packed_hooks(cls)
+    return PACKED_CLASSES[cls]
+
+
+def _with_packed_hooks(cls: type[Method]) -> Any:
     optional = ("statistics", "trained_statistics", "begin_local", "end_local")
     defined = lambda hook: getattr(cls, hook) is not getattr(Method, hook)  # noqa: E731
     hooks = [h for h in ROW_HOOKS if (h not in optional or defined(h)) and (h != "upload" or cls.passes.upload)]
