@@ -296,8 +296,8 @@ def test_more_clients_than_batches_is_one_sentence(tmp_path):
 
 
 def test_seeds_write_each_run_as_it_would_alone_and_resume_continues_or_starts_each(tmp_path):
-    """--seeds 0,1 writes seed-0 and seed-1, each the run `--set seed=N` writes alone; --resume with one seed more
-    continues the two and starts the third."""
+    """--seeds 0,1 packs the two into one program and writes seed-0 and seed-1, each the run `--set seed=N` writes
+    alone; --resume with one seed more continues the two (a pack) and starts the third (alone, at another round)."""
     join = ["--set", "join_ratio=0.5"]  # the seed draws the cohort too
     res = invoke("run", "fedavg", *DIGITS, *join, "--rounds", "2", "--seeds", "0,1", "--out", str(tmp_path / "s"))
     assert res.exit_code == 0, res.output
@@ -308,13 +308,24 @@ def test_seeds_write_each_run_as_it_would_alone_and_resume_continues_or_starts_e
     pd.testing.assert_frame_equal(seeded[1], pd.read_parquet(tmp_path / "a" / "metrics.parquet")[figures])
     assert not seeded[0]["train_loss"].equals(seeded[1]["train_loss"])  # the seeds ran apart
     assert yaml.safe_load((tmp_path / "s" / "seed-1" / "config.yaml").read_text())["seed"] == 1
+    assert all(set(pd.read_parquet(tmp_path / "s" / f"seed-{s}" / "metrics.parquet")["pack"]) == {2} for s in (0, 1))
 
     more = invoke("run", "fedavg", "--seeds", "0,1,2", "--resume", "--rounds", "3", "--out", str(tmp_path / "s"))
     assert more.exit_code == 0, more.output
     for s in (0, 1, 2):
         assert list(pd.read_parquet(tmp_path / "s" / f"seed-{s}" / "metrics.parquet")["round"]) == [1, 2, 3], s
+    assert "pack" not in pd.read_parquet(tmp_path / "s" / "seed-2" / "metrics.parquet")  # alone: the others at round 2
     done = invoke("run", "fedavg", "--seeds", "0,1,2", "--resume", "--rounds", "3", "--out", str(tmp_path / "s"))
     assert done.exit_code == 0 and "seed 2:" in done.output and "has run its 3 rounds" in done.output
+
+
+def test_seeds_of_a_method_that_cannot_be_packed_say_why_and_run_one_after_another(tmp_path):
+    res = invoke("run", "pfedhn", *DIGITS, "--rounds", "1", "--seeds", "0,1", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "pFedHN's runs cannot be packed: its clients train one after another" in said
+    assert "the seeds run one after another" in said
+    assert all((tmp_path / f"seed-{s}" / "checkpoint.pt").exists() for s in (0, 1))
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from torch._inductor.virtualized import V
 
 import tuner.engine.compile
 from tuner.engine.compile import INDUCTOR_CONFIGS
-from tuner.federated_run import planned_pack
+from tuner.packed_run import planned_pack
 
 pytestmark = pytest.mark.slow
 

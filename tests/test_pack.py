@@ -10,7 +10,8 @@ from simulations import EXACT, exact_config, run_rounds
 
 from tuner.engine.pack import Pack
 from tuner.errors import UserError
-from tuner.federated_run import build_simulation, planned_pack
+from tuner.federated_run import build_simulation
+from tuner.packed_run import planned_pack
 from tuner.plugins import method_class
 
 FIGURES = ("acc", "acc_std", "val_acc", "train_loss", "test_loss", "best_acc")

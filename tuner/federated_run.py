@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +20,6 @@ from tuner.data.federated import FederatedData, build
 from tuner.data.partition import PartitionSpec, partition
 from tuner.data.user_data import is_user_data
 from tuner.engine.executors import EngineSettings
-from tuner.engine.pack import Pack
 from tuner.engine.simulation import Simulation
 from tuner.errors import UserError
 from tuner.files import ensure_writable, folder_lock, write_atomic
@@ -149,31 +148,11 @@ def build_simulation(cfg: RunConfig, data: FederatedData | None = None) -> Simul
 
 def planned_simulation(cfg: RunConfig, data: FederatedData | None = None) -> tuple[RunPlan, Simulation]:
     """The run's plan and its simulation (build_simulation)."""
-    plan, data = _planned_data(cfg, data)
+    plan, data = planned_data(cfg, data)
     return plan, Simulation(build_method(plan, data), data, engine_settings(plan))
 
 
-# what runs of a pack may differ in: their seeds and the numbers a program reads (tuner/engine/pack.py)
-PACKED_APART = ("seed", "lr", "momentum", "weight_decay", "hparams")
-
-
-def planned_pack(cfgs: list[RunConfig]) -> tuple[list[RunPlan], Pack]:
-    """The runs' plans and one Pack of them (tuner/engine/pack.py), on data loaded once.
-
-    Raises:
-        UserError: a setting a run refuses, or runs that differ in more than PACKED_APART; ValueError: runs that are
-            not one program (Pack's clause: a number 0 in one run and not another, a method that cannot be packed).
-    """
-    plan, data = _planned_data(cfgs[0], None)
-    plans = [plan] + [_planned_data(c, data)[0] for c in cfgs[1:]]
-    same = lambda p: {k: v for k, v in asdict(p).items() if k not in PACKED_APART}  # noqa: E731
-    differ = sorted(k for k in same(plan) if any(same(p)[k] != same(plan)[k] for p in plans))
-    if differ:
-        raise UserError(f"Runs packed together differ only in {', '.join(PACKED_APART)}; these differ in {differ}.")
-    return plans, Pack([build_method(p, data) for p in plans], data, engine_settings(plan))
-
-
-def _planned_data(cfg: RunConfig, data: FederatedData | None) -> tuple[RunPlan, FederatedData]:
+def planned_data(cfg: RunConfig, data: FederatedData | None) -> tuple[RunPlan, FederatedData]:
     """The run's plan and its data on its device, decoded to its float type."""
     plan = cfg.resolved()
     device = torch.device(plan.device)

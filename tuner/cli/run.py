@@ -77,8 +77,8 @@ def run(
     ),
     seeds: str | None = typer.Option(
         None,
-        help="Run these seeds (e.g. 0,1,2), one after another, each in its own folder --out/seed-N "
-        "(with --resume, each continued or started).",
+        help="Run these seeds (e.g. 0,1,2) packed into one program, each in its own folder --out/seed-N as it "
+        "would be written alone (with --resume, each continued or started).",
     ),
 ):
     """Run one federated simulation and write its per-round metrics."""
@@ -109,13 +109,62 @@ def run(
         run_one(cfg, out, resume, table, f"tuner run {cfg.method} --resume --out {out}")
         return
     again = f"tuner run {cfg.method} --seeds {seeds} --resume --out {out}"
+    groups: dict[tuple[bool, int | None], list[tuple[int, Path]]] = {}
     for seed in chosen:
         here = out / f"seed-{seed}"
         done = RunDir(here).saved_round() if resume and here.exists() else None
         if done is not None and done >= cfg.rounds:
             console.print(f"seed {seed}: {here} has run its {cfg.rounds} rounds")
             continue
-        run_one(replace(cfg.settings(), seed=seed), here, resume and here.exists(), table, again, f"seed {seed}")
+        groups.setdefault((resume and here.exists(), done), []).append((seed, here))
+    for (go_on, _), group in groups.items():  # the seeds at one round run as one pack
+        run_seeds(cfg, group, go_on, table, again)
+
+
+def run_seeds(cfg: RunConfig, group: list[tuple[int, Path]], resume: bool, table, again: str) -> None:
+    """Seeds at one round: packed into one program (tuner/engine/pack.py), or one after another where they cannot
+    be (a schedule rebuilds its run as it goes; a method that cannot be packed says why)."""
+    cfgs = [replace(cfg.settings(), seed=seed) for seed, _ in group]
+    if table is None and len(group) > 1:
+        try:
+            return run_packed(cfgs, [here for _, here in group], resume, again)
+        except ValueError as e:
+            console.print(f"{e}; the seeds run one after another.")
+    for one, (seed, here) in zip(cfgs, group, strict=True):
+        run_one(one, here, resume, table, again, f"seed {seed}")
+
+
+def run_packed(cfgs: list[RunConfig], outs: list[Path], resume: bool, again: str) -> None:
+    """Runs packed into one program, a progress line each; a stop (Ctrl-C, SIGTERM) says how to continue and exits
+    130."""
+    from tuner.packed_run import run_pack
+    from tuner.run_folder import RunDir
+
+    rounds = cfgs[0].rounds
+    with Progress(*progress_columns(), console=console, transient=False) as progress:
+        name = method_class(cfgs[0].method).name
+        tasks = [progress.add_task(f"{name} seed {c.seed} round", total=rounds, acc="-", best="-") for c in cfgs]
+        done = [0] * len(cfgs)
+
+        def on_round(r: int, row: dict) -> None:
+            progress.update(
+                tasks[r], completed=row["round"], acc=percent(row.get("acc")), best=percent(row.get("best_acc"))
+            )
+            done[r] += 1
+
+        t0 = time.perf_counter()
+        stop = StopAtRoundEnd(progress.console)
+        try:
+            with stop.installed():
+                pack = run_pack(cfgs, outs, resume=resume, on_round=on_round, stop_requested=stop)
+        except KeyboardInterrupt:  # the second Ctrl-C: at once, mid-round
+            pack = None
+        if pack is None or pack.round < rounds:
+            progress.stop()
+            stopped(outs[0].parent / "seed-N", RunDir(outs[0]).saved_round(), again)
+    seconds = time.perf_counter() - t0
+    for r, out in enumerate(outs):
+        summarize(pack.histories[r], out, seconds, done[r])
 
 
 def seed_list(text: str, sets: list[str]) -> list[int]:
@@ -137,25 +186,15 @@ def run_one(cfg: RunConfig, out: Path, resume: bool, table, again: str, label: s
     from tuner.run_folder import RunDir
 
     done = 0
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("acc {task.fields[acc]}  best test {task.fields[best]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
+    with Progress(*progress_columns(), console=console, transient=False) as progress:
         title = " ".join(filter(None, [method_class(cfg.method).name, label, "round"]))
         task = progress.add_task(title, total=cfg.rounds, acc="-", best="-")
 
-        def fmt(v) -> str:
-            return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
-
         def on_round(row: dict) -> None:
             nonlocal done
-            progress.update(task, completed=row["round"], acc=fmt(row.get("acc")), best=fmt(row.get("best_acc")))
+            progress.update(
+                task, completed=row["round"], acc=percent(row.get("acc")), best=percent(row.get("best_acc"))
+            )
             done += 1
 
         t0 = time.perf_counter()
@@ -167,20 +206,39 @@ def run_one(cfg: RunConfig, out: Path, resume: bool, table, again: str, label: s
             sim = None
         if sim is None or sim.round < cfg.rounds:
             progress.stop()
-            saved = RunDir(out).saved_round()
-            advice = (
-                f"continue from its checkpoint of round {saved} with: {again}"
-                if saved is not None
-                else "no checkpoint was written yet, so run it again without --resume"
-            )
-            err.print(
-                f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(130)
+            stopped(out, RunDir(out).saved_round(), again)
     summarize(sim.history, out, time.perf_counter() - t0, done)
+
+
+def progress_columns() -> list:
+    return [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}  best test {task.fields[best]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
+
+
+def percent(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
+
+
+def stopped(out: Path, saved: int | None, again: str) -> None:
+    """A stopped run: where its rows are and how to continue it; exit code 130."""
+    advice = (
+        f"continue from its checkpoint of round {saved} with: {again}"
+        if saved is not None
+        else "no checkpoint was written yet, so run it again without --resume"
+    )
+    err.print(
+        f"Stopped; the rows so far are in {out / 'metrics.parquet'}; {advice}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(130)
 
 
 def summarize(history: list[dict], out: Path, seconds: float, rounds_run: int) -> None:

@@ -99,6 +99,20 @@ class FederatedData:
 
         return replace(self, train=take(keep), holdout=take(held))
 
+    def tiled(self, copies: int) -> FederatedData:
+        """The federation with every client `copies` times over the same rows: client i of copy c is client c·N + i
+        (a pack's runs: tuner/engine/pack.py)."""
+        split = lambda s: None if s is None else s.tiled(copies)  # noqa: E731
+        return replace(
+            self,
+            train=self.train.tiled(copies),
+            test=self.test.tiled(copies),
+            val=split(self.val),
+            holdout=split(self.holdout),
+            group=np.tile(self.group, copies),
+            client_names=self.client_names * copies if self.client_names else None,
+        )
+
     def label_counts(self) -> np.ndarray:
         """(clients, classes) training-label histogram."""
         out = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)

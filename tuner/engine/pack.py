@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from algorithms.base import TRAINING_INPUTS, Method, State, hyperparameter_inputs
@@ -39,7 +38,7 @@ from tuner.data.federated import FederatedData
 from tuner.engine.draws import sample_cohort
 from tuner.engine.executors import EngineSettings
 from tuner.engine.simulation import Rounds, diverged, initial_states, metrics_row
-from tuner.errors import DivergedError
+from tuner.errors import DivergedError, UserError
 
 RUN = "pack.run"  # a row's run, in its state
 SERVER = "run."  # the pack's server: each run's server tensors, stacked
@@ -278,20 +277,6 @@ def _with_packed_hooks(cls: type[Method]) -> Any:
     return packed_class
 
 
-def tiled(data: FederatedData, copies: int) -> FederatedData:
-    """The federation with every client `copies` times over the same rows: client i of copy c is client c·N + i."""
-    names = data.client_names * copies if data.client_names else None
-    return replace(
-        data,
-        train=data.train.tiled(copies),
-        test=data.test.tiled(copies),
-        val=None if data.val is None else data.val.tiled(copies),
-        holdout=None if data.holdout is None else data.holdout.tiled(copies),
-        group=np.tile(data.group, copies),
-        client_names=names,
-    )
-
-
 class Pack(Rounds):
     """P runs of one method and setting as one federation, a round of every run at a time; each run's figures,
     history and checkpoint as it has them alone."""
@@ -327,7 +312,7 @@ class Pack(Rounds):
         }
         client_state[RUN] = torch.arange(p, device=self.device_of(client_state)).repeat_interleave(n)
         settings = replace(settings, pack_seeds=tuple(r.training.seed for r in runs))
-        super().__init__(packed_method(runs, n), tiled(data, p), settings, server_state, client_state)
+        super().__init__(packed_method(runs, n), data.tiled(p), settings, server_state, client_state)
         self.histories: list[list[dict]] = [[] for _ in runs]
         self.best_acc = [-math.inf] * p
 
@@ -389,7 +374,10 @@ class Pack(Rounds):
     def load_state_dict(self, run: int, state: dict) -> None:
         """Run `run` from its saved state (its Simulation's or a pack's); every run of a pack is at one round."""
         if self.round and state["round"] != self.round:
-            raise ValueError("the runs of a pack are at one round")
+            raise UserError(
+                f"Runs packed together go on from one round; one checkpoint is at round {state['round']}, another "
+                f"at {self.round}: resume them apart."
+            )
         self.round = state["round"]
         for k, v in state["server"].items():
             self.server[SERVER + k][run] = v.to(self.device)
