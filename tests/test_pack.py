@@ -9,7 +9,7 @@ import torch
 from simulations import EXACT, exact_config, run_rounds
 
 from tuner.engine.pack import Pack
-from tuner.errors import UserError
+from tuner.errors import DivergedError, UserError
 from tuner.federated_run import build_simulation
 from tuner.packed_run import planned_pack
 from tuner.plugins import method_class
@@ -121,3 +121,15 @@ def test_a_packed_runs_checkpoint_resumes_it_alone_and_back():
     for r in range(2):
         again.load_state_dict(r, pack.state_dict(r))
     assert again.step()[1]["acc"] == pytest.approx(rows[1]["acc"], rel=1e-9)
+
+
+def test_a_run_that_diverges_in_a_pack_says_what_it_says_alone_and_the_others_go_on():
+    cfgs = [exact_config("fedavg", dtype="float32"), exact_config("fedavg", seed=1, lr=1e6, dtype="float32")]
+    with pytest.raises(DivergedError) as alone:
+        run_rounds(cfgs[1], 2)
+    _, pack = planned_pack(cfgs)
+    rows = [pack.step() for _ in range(2)]
+    said = [r[1]["diverged"] for r in rows if "diverged" in r[1]]
+    assert said[0] == str(alone.value) and len(pack.histories[1]) == 2 - len(said)
+    _, steady = run_rounds(cfgs[0], 2)
+    assert [r[0]["acc"] for r in rows] == [r["acc"] for r in steady]

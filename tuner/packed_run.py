@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tuner.engine.pack import Pack
-from tuner.errors import UserError
+from tuner.errors import DivergedError, UserError
 from tuner.federated_run import build_method, engine_settings, planned_data
 from tuner.files import ensure_writable, folder_lock
 from tuner.run_folder import RunDir
@@ -93,7 +93,11 @@ def _run_pack(
         rounds, engine = plans[0].rounds, plans[0].engine
         try:
             while pack.round < rounds and not stop_requested():
-                for r, row in enumerate(pack.step()):
+                rows = pack.step()
+                for row, cfg in zip(rows, cfgs, strict=True):
+                    if "diverged" in row:  # as alone: the run stops with its rows; so do its siblings here
+                        raise DivergedError(f"Seed {cfg.seed}: {row['diverged']}")
+                for r, row in enumerate(rows):
                     if on_round:
                         on_round(r, row)
                 if engine != pack.settings.engine:  # compiling failed: each config.yaml says what runs

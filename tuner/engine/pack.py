@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -38,7 +38,7 @@ from tuner.data.federated import FederatedData
 from tuner.engine.draws import sample_cohort
 from tuner.engine.executors import EngineSettings
 from tuner.engine.simulation import Rounds, diverged, initial_states, metrics_row
-from tuner.errors import DivergedError, UserError
+from tuner.errors import UserError
 
 RUN = "pack.run"  # a row's run, in its state
 SERVER = "run."  # the pack's server: each run's server tensors, stacked
@@ -109,6 +109,28 @@ def of_run(stacked: torch.Tensor, run: torch.Tensor) -> torch.Tensor:
     return torch.index_select(stacked, 0, run.reshape(-1)).reshape(run.shape + stacked.shape[1:])
 
 
+class RunServer(Mapping):
+    """A row's run's server, each tensor gathered from the pack's stack when a hook first reads it: most hooks read a
+    few of the server's tensors (FedAvg's loss none), and gathering all of them for every row and step would cost
+    more than the step."""
+
+    def __init__(self, server: State, run: torch.Tensor):
+        self.stacked = {k.removeprefix(SERVER): v for k, v in server.items() if k.startswith(SERVER)}
+        self.run = run
+        self.read: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.read:
+            self.read[key] = of_run(self.stacked[key], self.run)
+        return self.read[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stacked)
+
+    def __len__(self) -> int:
+        return len(self.stacked)
+
+
 def optimizer_numbers(optimizer: SGD) -> dict[str, Any]:
     """A phase optimizer's numbers by field ("group:PREFIX" a group's lr)."""
     return {
@@ -172,7 +194,7 @@ class PackedHooks:
             return fn(state, server, *args)
         run = state[RUN]
         mine = {k: v for k, v in state.items() if k != RUN}
-        its_server = {k.removeprefix(SERVER): of_run(v, run) for k, v in server.items() if k.startswith(SERVER)}
+        its_server = RunServer(server, run)
         numbers = {name: of_run(server[NUMBER + name], run) for name in self.pack.numbers}
         n = self.pack.clients
         args = tuple(own_round(a, n) if isinstance(a, Round) else a for a in args)
@@ -324,7 +346,9 @@ class Pack(Rounds):
         return slice(run * self.per_run, (run + 1) * self.per_run)
 
     def step(self) -> list[dict]:
-        """Run one round of every run; each run's metrics row, as it has it alone (its time_s the pack's round)."""
+        """Run one round of every run; each run's metrics row, as it has it alone (its time_s the pack's round). A
+        run whose training loss stops being finite does not stop the others: its row holds `diverged`, what its
+        DivergedError says alone, and its history stays as it was."""
         t0 = time.perf_counter()
         ran = replace(self.executor.ran)
         rnd, s, n = self.round + 1, self.settings, self.per_run
@@ -339,9 +363,9 @@ class Pack(Rounds):
             start += len(cohort)
             samples = torch.tensor([self.data.train.counts[i] for i in cohort], dtype=torch.float64)
             train_loss = float((loss * samples).sum() / samples.sum())
-            if not math.isfinite(train_loss):
-                raise DivergedError(f"Seed {self.runs[r].training.seed}: " + diverged(self.runs[r], rnd, train_loss))
             rows.append({"round": rnd, "clients": len(cohort), "train_loss": train_loss})
+            if not math.isfinite(train_loss):
+                rows[-1]["diverged"] = diverged(self.runs[r], rnd, train_loss)
         self.round = rnd
         self._broadcast(list(range(self.data.num_clients)))
         if rnd % s.eval_gap == 0:
@@ -354,7 +378,8 @@ class Pack(Rounds):
             self.best_acc[r] = max(self.best_acc[r], row.get("acc", -math.inf))
             row["best_acc"] = self.best_acc[r] if self.best_acc[r] > -math.inf else math.nan
             row |= {"engine": engine, "time_s": seconds, "pack": len(self.runs)}
-            self.histories[r].append(row)
+            if "diverged" not in row:
+                self.histories[r].append(row)
         return rows
 
     def state_dict(self, run: int) -> dict:
