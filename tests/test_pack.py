@@ -88,7 +88,9 @@ def test_a_pack_equals_its_runs_on_either_executor_chunked_and_augmented(kw):
 
 def test_runs_whose_numbers_leak_into_each_other_fail_the_check(monkeypatch):
     """The check can fail: a pack whose rows all read run 0's numbers is caught."""
-    monkeypatch.setattr("tuner.engine.pack.PackedHooks.pack_reading", lambda self, numbers: contextlib.nullcontext())
+    monkeypatch.setattr(
+        "tuner.engine.packed_method.PackedHooks.pack_reading", lambda self, numbers: contextlib.nullcontext()
+    )
     with pytest.raises(AssertionError):
         assert_pack_equals_alone(runs_of("fedprox"))
 

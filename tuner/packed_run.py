@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from tuner.data.federated import FederatedData
 from tuner.engine.pack import Pack
 from tuner.errors import DivergedError, UserError
 from tuner.federated_run import build_method, engine_settings, planned_data
@@ -20,14 +21,14 @@ from tuner.settings.config import RunConfig, RunPlan
 PACKED_APART = ("seed", "lr", "momentum", "weight_decay", "hparams")
 
 
-def planned_pack(cfgs: list[RunConfig]) -> tuple[list[RunPlan], Pack]:
-    """The runs' plans and one Pack of them, on data loaded once.
+def planned_pack(cfgs: list[RunConfig], data: FederatedData | None = None) -> tuple[list[RunPlan], Pack]:
+    """The runs' plans and one Pack of them, on data loaded once (or `data`, loaded already for cfgs[0]).
 
     Raises:
         UserError: a setting a run refuses, or runs that differ in more than PACKED_APART; ValueError: runs that are
             not one program (Pack's clause: a number 0 in one run and not another, a method that cannot be packed).
     """
-    plan, data = planned_data(cfgs[0], None)
+    plan, data = planned_data(cfgs[0], data)
     plans = [plan] + [planned_data(c, data)[0] for c in cfgs[1:]]
     same = lambda p: {k: v for k, v in asdict(p).items() if k not in PACKED_APART}  # noqa: E731
     differ = sorted(k for k in same(plan) if any(same(p)[k] != same(plan)[k] for p in plans))

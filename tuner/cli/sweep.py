@@ -31,6 +31,27 @@ from tuner.sweep.schedulers import SCHEDULERS
 SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
 
 
+def pack_size(text: str, method: str) -> int:
+    """--pack as a number of trials: N, or auto (tuner/sweep/pack_host.py AUTO_PACK); a method whose runs cannot
+    be packed says why, and its trials run as today."""
+    from tuner.sweep.pack_host import AUTO_PACK
+
+    if text == "auto":
+        size = AUTO_PACK
+    else:
+        try:
+            size = int(text)
+        except ValueError:
+            raise UserError(f"--pack takes a number of trials (8) or auto, not {text!r}.") from None
+        if size < 1:
+            raise UserError(f"--pack takes a number of trials of 1 or more, not {size}.")
+    reason = method_class(method).unpackable
+    if size > 1 and reason:
+        err.print(f"note: {method_class(method).title}'s runs cannot be packed: {reason}; its trials run one by one.")
+        return 1
+    return size
+
+
 @app.command()
 @user_errors
 def sweep(
@@ -89,6 +110,11 @@ def sweep(
         callback=absolute,
         help="Folder of the trials' compiled programs, kept for later sweeps [default: STORAGE/.compile-cache].",
     ),
+    pack: str = typer.Option(
+        "1",
+        help="Trials each device trains as one program, N or auto (each still a trial of its own; equal to it "
+        "alone); 1: each trial its own run.",
+    ),
 ):
     """Search a method's hyperparameters over many federated runs (Ray Tune + Optuna)."""
     from tuner.sweep.cluster import Resources
@@ -114,6 +140,7 @@ def sweep(
         address=address,
         verbose=verbose,
         compile_cache=compile_cache,
+        pack=pack_size(pack, sp.method),
     )
     if seeds < 0:
         raise UserError(f"--seeds must be 0 or more, not {seeds}.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tuner.files import ensure_writable, folder_lock, user_path, write_text_atom
 from tuner.selection import SCORE, trial_dirname
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, stage_counts
+from tuner.sweep.pack_host import PACK_TRIAL_CPUS, start_hosts, stop_hosts
 from tuner.sweep.recovery import (
     RESERVE_FILE,
     ProgressRows,
@@ -93,7 +94,17 @@ def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool) -> list[
     ensure_writable(folder, "the sweep's storage")
     start_ray(res)
     path = folder / stage.name
-    trainable = _trainable(folder, stage, res)
+    cache = str(res.compile_cache or folder.parent / COMPILE_CACHE)
+    hosts = start_hosts(res.pack, res.cpus_per_trial, cache) if res.pack > 1 else []
+    if hosts and res.max_concurrent is None:
+        res = replace(res, max_concurrent=res.pack * len(hosts))
+    try:
+        return _run(folder, path, stage, res, resume, _trainable(folder, stage, res, hosts))
+    finally:
+        stop_hosts(hosts)
+
+
+def _run(folder: Path, path: Path, stage: Stage, res: Resources, resume: bool, trainable: Trainable) -> list[Result]:
     if resume and tune.Tuner.can_restore(str(path)):  # finished and failed trials stay as they are
         refuse_damaged_state(path)
         drop_damaged_errors(path)
@@ -128,9 +139,10 @@ def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool) -> list[
     return results
 
 
-def _trainable(folder: Path, stage: Stage, res: Resources) -> Trainable:
-    """The federated trial with its stage's constants, asking for its share of a node."""
-    request = trial_resources(res)
+def _trainable(folder: Path, stage: Stage, res: Resources, hosts: list) -> Trainable:
+    """The federated trial with its stage's constants, asking for its share of a node (a packed trial: a sliver,
+    as its host computes)."""
+    request = {"cpu": PACK_TRIAL_CPUS, "gpu": 0} if hosts else trial_resources(res)
     check_fits(request)
     shared_rounds = worker_rounds(
         request, stage.sharing or stage.trials, stage.rounds, res.max_concurrent, ray.cluster_resources()
@@ -142,6 +154,7 @@ def _trainable(folder: Path, stage: Stage, res: Resources) -> Trainable:
         report_every=stage.report_every,
         compile_cache=str(res.compile_cache or folder.parent / COMPILE_CACHE),
         worker_rounds=shared_rounds,
+        hosts=hosts,
     )
     return tune.with_resources(trainable, request)
 

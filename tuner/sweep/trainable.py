@@ -28,12 +28,19 @@ CHECKPOINT_FILE = "simulation.pt"
 
 
 def federated_trial(
-    config: dict[str, Any], base: dict[str, Any], select: str, report_every: int, compile_cache: str, worker_rounds: int
+    config: dict[str, Any],
+    base: dict[str, Any],
+    select: str,
+    report_every: int,
+    compile_cache: str,
+    worker_rounds: int,
+    hosts: list | None = None,
 ) -> None:
     """Ray Tune function trainable: one federated run, reported every `report_every` rounds, checkpointed whole.
     Compiled programs land in `compile_cache`, which the sweep's trials share (and later sweeps, in a new process,
     read back instead of compiling again); a trial in a reused worker finds them in memory, so engine `auto`
-    weighs compiling against the `worker_rounds` its worker runs, not the trial's own."""
+    weighs compiling against the `worker_rounds` its worker runs, not the trial's own. `hosts`: a packed sweep's
+    PackHosts (tuner/sweep/pack_host.py), where the run lives, in the least held host of the trial's node."""
     # torch and the engine are imported by the trial, not when Tune starts the worker: a worker started for a trial
     # that a reused one then took is stopped at once, where Tune would wait up to 5 s for its imports to end.
     import ray
@@ -49,16 +56,17 @@ def federated_trial(
     searched = {k: v for k, v in config.items() if not isinstance(v, dict)}  # the schedule's columns
     trial = tune.get_context().get_trial_name()
     settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
-    placement = {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": ",".join(map(str, gpus))}
-    # the trial's share of the cluster decides, not what the node happens to have
-    if settings.get("device", "auto") == "auto":
+    node = ray.get_runtime_context().get_node_id()
+    placement = {"node": node, "gpu_ids": ",".join(map(str, gpus))}
+    # the trial's share of the cluster decides, not what the node happens to have (a packed trial's: its host's)
+    if settings.get("device", "auto") == "auto" and not hosts:
         config = {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))
-    sim = None
+    sim: Any = None
     try:
         cfg = trial_config(base, config, worker_rounds)
-        sim = build_simulation(cfg)
+        sim = hosted(hosts, node, trial_settings(base, config), worker_rounds) if hosts else build_simulation(cfg)
 
         def report(checkpointed: bool, handed_over: bool = False) -> None:
             """The state's last round, with the selection rule's figures (and the whole state where checkpointed);
@@ -94,6 +102,16 @@ def federated_trial(
     except UserError as e:  # recorded as the trial's failure, with its kind; the sweep goes on
         report_failure(e, sim, placement, select)
         raise
+    finally:  # a packed trial leaves its host: ended, failed, or stopped by its scheduler (Tune's SystemExit)
+        if hosts and sim is not None:
+            sim.close()
+
+
+def hosted(hosts: list, node: str, settings: dict[str, Any], worker_rounds: int) -> Any:
+    """The trial's run in the least held PackHost of its node (tuner/sweep/pack_host.py)."""
+    from tuner.sweep.pack_host import HostedRun, least_held
+
+    return HostedRun(least_held(hosts, node), tune.get_context().get_trial_id(), settings, worker_rounds)
 
 
 def report_failure(e: UserError, sim: Simulation | None, placement: dict, select: str) -> None:
