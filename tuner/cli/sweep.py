@@ -31,9 +31,9 @@ from tuner.sweep.schedulers import SCHEDULERS
 SCHEDULERS_HELP = "; ".join(f"{s.name}: {s.help}" for s in SCHEDULERS.values())
 
 
-def pack_size(text: str, method: str) -> int:
+def pack_size(text: str, method: str | None = None) -> int:
     """--pack as a number of trials: N, or auto (tuner/sweep/pack_host.py AUTO_PACK); a method whose runs cannot
-    be packed says why, and its trials run as today."""
+    be packed says why, and its trials run as today (in a reproduction, each such cell's)."""
     from tuner.sweep.pack_host import AUTO_PACK
 
     if text == "auto":
@@ -45,7 +45,7 @@ def pack_size(text: str, method: str) -> int:
             raise UserError(f"--pack takes a number of trials (8) or auto, not {text!r}.") from None
         if size < 1:
             raise UserError(f"--pack takes a number of trials of 1 or more, not {size}.")
-    reason = method_class(method).unpackable
+    reason = method_class(method).unpackable if method else ""
     if size > 1 and reason:
         err.print(f"note: {method_class(method).title}'s runs cannot be packed: {reason}; its trials run one by one.")
         return 1
@@ -229,6 +229,11 @@ def reproduce(
     tuned_dir: Path = typer.Option(
         Path("results/tuned"), callback=absolute, help="With --tune: where the tuned settings files go."
     ),
+    pack: str = typer.Option(
+        "1",
+        help="Runs each device trains as one program, N or auto: a cell's seeds pack (each run as it is alone); "
+        "1: each run its own.",
+    ),
 ):
     """Run every cell of a paper's table that the local data allows, with several seeds, then print the table."""
     from tuner.report.write import report as build_report
@@ -245,6 +250,7 @@ def reproduce(
         max_concurrent=max_concurrent,
         address=address,
         verbose=verbose,
+        pack=pack_size(pack),
     )
     common = dict(rounds=rounds, datasets=dataset, methods=method, patience=patience, settings=parse_set(set_))
     if tune:

@@ -13,13 +13,14 @@ alone (tests/test_pack.py), so the grouping is for speed only."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tuner.engine.pack import Pack
-from tuner.errors import DivergedError
+from tuner.errors import DivergedError, UserError
 from tuner.settings.config import RunPlan, resolve_layers
 
 GATHER_S = 2.0  # how long a pack waits for a trial it holds at its round: far above a round's report to Tune
@@ -222,7 +223,13 @@ def start_hosts(size: int, cpus: float, compile_cache: str) -> list:
     for node in ray.nodes():
         if not node["Alive"]:
             continue
-        gpus = int(node["Resources"].get("GPU", 0))
+        gpus, room = int(node["Resources"].get("GPU", 0)), node["Resources"].get("CPU", 0)
+        if cpus + size * PACK_TRIAL_CPUS > room:
+            raise UserError(
+                f"--pack {size} with --cpus-per-trial {cpus:g} needs {cpus + size * PACK_TRIAL_CPUS:g} CPUs on a node "
+                f"(the pack's {cpus:g}, and {PACK_TRIAL_CPUS:g} a waiting trial), and one has {room:g}; lower "
+                "--cpus-per-trial or --pack."
+            )
         for _ in range(gpus or 1):
             hosts.append(
                 host.options(
@@ -230,7 +237,7 @@ def start_hosts(size: int, cpus: float, compile_cache: str) -> list:
                     num_gpus=1 if gpus else 0,
                     max_concurrency=1000,  # every trial's call waits in a thread of its own
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                ).remote(size, max(1, int(cpus)), compile_cache)
+                ).remote(size, math.ceil(cpus), compile_cache)
             )
     return hosts
 

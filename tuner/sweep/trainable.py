@@ -48,6 +48,7 @@ def federated_trial(
 
     from tuner.engine.compile import use_cache
     from tuner.federated_run import build_simulation
+    from tuner.plugins import method_class
     from tuner.settings.schedule import RAN_AT, ROUNDS_FILE, write_rounds
     from tuner.sweep.trials import trial_config, trial_settings
 
@@ -64,9 +65,13 @@ def federated_trial(
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
     torch.set_num_threads(max(1, cpus))
     sim: Any = None
+    packed = False
     try:
         cfg = trial_config(base, config, worker_rounds)
-        sim = hosted(hosts, node, trial_settings(base, config), worker_rounds) if hosts else build_simulation(cfg)
+        packed = bool(hosts) and not method_class(cfg.method).unpackable  # such a method's runs run alone
+        sim = (
+            hosted(hosts or [], node, trial_settings(base, config), worker_rounds) if packed else build_simulation(cfg)
+        )
 
         def report(checkpointed: bool, handed_over: bool = False) -> None:
             """The state's last round, with the selection rule's figures (and the whole state where checkpointed);
@@ -103,7 +108,7 @@ def federated_trial(
         report_failure(e, sim, placement, select)
         raise
     finally:  # a packed trial leaves its host: ended, failed, or stopped by its scheduler (Tune's SystemExit)
-        if hosts and sim is not None:
+        if packed and sim is not None:
             sim.close()
 
 
