@@ -135,3 +135,34 @@ def test_a_run_that_diverges_in_a_pack_says_what_it_says_alone_and_the_others_go
     assert said[0] == str(alone.value) and len(pack.histories[1]) == 2 - len(said)
     _, steady = run_rounds(cfgs[0], 2)
     assert [r[0]["acc"] for r in rows] == [r["acc"] for r in steady]
+
+
+def test_the_packing_figures_in_the_docs_are_the_committed_benchs():
+    """README's and docs/performance.md's figures of packs are results/bench/packing-digits.json's, and --pack auto
+    packs nothing on a CPU while a packed sweep measured there is slower than today's."""
+    import json
+    from pathlib import Path
+
+    from tuner.sweep.pack_host import AUTO_PACK
+
+    root = Path(__file__).resolve().parents[1]
+    run = json.loads((root / "results/bench/packing-digits.json").read_text())
+    f, sweep = run["figures"], run["figures"]["sweep"]
+    assert run["machine"].startswith("CPU") and run["command"].startswith("python bench/packing.py")
+    performance = " ".join((root / "docs/performance.md").read_text().split())
+    for method in ("fedavg", "gpfl"):
+        g = [f"{f['digits'][method][f'P={p}']['gain']:.2f}" for p in (2, 4, 8, 16)]
+        assert f"{g[0]}, {g[1]}, {g[2]} and {g[3]}×" in performance
+    assert (
+        f"FedAvg {f['table1']['fedavg']['P=8']['gain']:.2f}× and GPFL {f['table1']['gpfl']['P=8']['gain']:.2f}×"
+        in performance
+    )
+    assert (
+        f"took {sweep['today s']:.1f} s today" in performance
+        and f"{sweep['packed s']:.1f} s in one pack of 16" in performance
+    )
+    assert f"`sweep_speedup` {f['sweep_speedup']:.2f}" in performance
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"made {f['digits']['fedavg']['P=8']['gain']:.2f}× one run's" in readme
+    assert f"ran at {f['sweep_speedup']:.2f}× today's" in readme
+    assert AUTO_PACK["cpu"] == (1 if f["sweep_speedup"] < 1 else sweep["pack"])

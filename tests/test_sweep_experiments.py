@@ -41,6 +41,7 @@ def test_reproduce_lists_the_cells_the_local_data_allows():
 @pytest.mark.ray
 @pytest.mark.slow
 def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray_local, monkeypatch):
+    """A cell's seeds packed (--pack 2, every run at once): each run as it is alone (tests/test_sweep_pack.py)."""
     monkeypatch.chdir(tmp_path)  # a relative --storage, through the same path handling as the sweep's (below)
     res = CliRunner().invoke(
         app,
@@ -63,6 +64,12 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
             "pac_test=20",
             "--set",
             "executor=sequential",
+            "--pack",
+            "2",
+            "--cpus-per-trial",
+            "0.5",
+            "--max-concurrent",
+            "4",
         ],
     )
     assert res.exit_code == 0, res.output
@@ -75,6 +82,7 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
         ("fedpac-none", 0),
         ("fedpac-none", 1),
     ]
+    assert {t["rows"][0]["pack"] for t in ts} == {2}  # a cell's two seeds as one program
     import pandas as pd
 
     tables = pd.read_parquet(storage / "fedpac-table2" / "report" / "tables.parquet")

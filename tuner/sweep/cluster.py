@@ -28,7 +28,7 @@ class Resources:
     verbose: bool = False
     # where trials keep compiled programs (torch's on-disk caches); None: beside the sweep
     compile_cache: Path | None = None
-    pack: int = 1  # trials a device steps as one pack (tuner/sweep/pack_host.py); 1: each trial its own run
+    pack: int = 1  # trials a device steps as one pack (tuner/sweep/pack_host.py); 1: each trial its own run; 0: auto
 
 
 def check_request(res: Resources) -> None:
@@ -42,7 +42,7 @@ def check_request(res: Resources) -> None:
         )
     if res.max_concurrent is not None and res.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, not {res.max_concurrent}.")
-    if res.pack > 1 and gpus is not None:
+    if res.pack != 1 and gpus is not None:
         raise UserError("--pack gives each GPU's pack the whole GPU; drop --gpus-per-trial, or --pack.")
 
 

@@ -25,7 +25,9 @@ from tuner.settings.config import RunPlan, resolve_layers
 
 GATHER_S = 2.0  # how long a pack waits for a trial it holds at its round: far above a round's report to Tune
 START_S = 5.0  # trials at their first round wait for more to join until none has for this long (or the pack is full)
-AUTO_PACK = 8  # --pack auto: packs of 8 (results/bench/packing-digits.json)
+# --pack auto by device: on a CPU a packed sweep ran slower than today's (results/bench/packing-digits.json,
+# sweep_speedup 0.47), so auto packs nothing there; on a GPU 8, not yet measured (bench/packing.py --device cuda)
+AUTO_PACK = {"cpu": 1, "cuda": 8}
 PACK_TRIAL_CPUS = 0.05  # what a trial of a packed sweep asks for: it waits on its host, which computes
 
 
@@ -250,11 +252,19 @@ def stop_hosts(hosts: list) -> None:
 
 
 def least_held(hosts: list, node: str) -> Any:
-    """The host of `node` holding the fewest trials (any node's where it has none)."""
+    """The living host of `node` holding the fewest trials (any node's where it has none): a host lost with its
+    node is passed over, so a trial restarted from its checkpoint joins another."""
     import ray
 
-    loads = ray.get([h.load_of.remote() for h in hosts])
-    mine = [i for i, (at, _) in enumerate(loads) if at == node] or list(range(len(hosts)))
+    loads = {}
+    for i, h in enumerate(hosts):
+        try:
+            loads[i] = ray.get(h.load_of.remote())
+        except ray.exceptions.RayActorError:
+            continue
+    if not loads:
+        raise UserError("Every pack host of the sweep is gone (its nodes lost); --resume starts new ones.")
+    mine = [i for i, (at, _) in loads.items() if at == node] or list(loads)
     return hosts[min(mine, key=lambda i: loads[i][1])]
 
 

@@ -22,7 +22,7 @@ from tuner.files import ensure_writable, folder_lock, user_path, write_text_atom
 from tuner.selection import SCORE, trial_dirname
 from tuner.sweep.cluster import Resources, check_fits, check_request, start_ray, trial_resources, worker_rounds
 from tuner.sweep.console import SweepProgress, stage_counts
-from tuner.sweep.pack_host import PACK_TRIAL_CPUS, start_hosts, stop_hosts
+from tuner.sweep.pack_host import AUTO_PACK, PACK_TRIAL_CPUS, start_hosts, stop_hosts
 from tuner.sweep.recovery import (
     RESERVE_FILE,
     ProgressRows,
@@ -95,6 +95,8 @@ def run_stage(folder: Path, stage: Stage, res: Resources, resume: bool) -> list[
     start_ray(res)
     path = folder / stage.name
     cache = str(res.compile_cache or folder.parent / COMPILE_CACHE)
+    if res.pack == 0:  # auto: by the cluster's devices
+        res = replace(res, pack=AUTO_PACK["cuda" if ray.cluster_resources().get("GPU", 0) else "cpu"])
     hosts = start_hosts(res.pack, res.cpus_per_trial, cache) if res.pack > 1 else []
     if hosts and res.max_concurrent is None:
         res = replace(res, max_concurrent=res.pack * len(hosts))

@@ -56,14 +56,9 @@ def federated_trial(
 
     searched = {k: v for k, v in config.items() if not isinstance(v, dict)}  # the schedule's columns
     trial = tune.get_context().get_trial_name()
-    settings, gpus = trial_settings(base, config), ray.get_gpu_ids()
-    node = ray.get_runtime_context().get_node_id()
+    settings, gpus, node = trial_settings(base, config), ray.get_gpu_ids(), ray.get_runtime_context().get_node_id()
     placement = {"node": node, "gpu_ids": ",".join(map(str, gpus))}
-    # the trial's share of the cluster decides, not what the node happens to have (a packed trial's: its host's)
-    if settings.get("device", "auto") == "auto" and not hosts:
-        config = {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
-    cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
-    torch.set_num_threads(max(1, cpus))
+    config = placed(config, settings, gpus, bool(hosts))
     sim: Any = None
     packed = False
     try:
@@ -110,6 +105,18 @@ def federated_trial(
     finally:  # a packed trial leaves its host: ended, failed, or stopped by its scheduler (Tune's SystemExit)
         if packed and sim is not None:
             sim.close()
+
+
+def placed(config: dict[str, Any], settings: dict[str, Any], gpus: list, packed: bool) -> dict[str, Any]:
+    """The trial's config on its device, its threads its CPUs: the trial's share of the cluster decides, not what the
+    node happens to have (a packed trial's device is its host's)."""
+    import ray
+    import torch
+
+    torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    if settings.get("device", "auto") == "auto" and not packed:
+        return {**config, "device": "cuda" if gpus and torch.cuda.is_available() else "cpu"}
+    return config
 
 
 def hosted(hosts: list, node: str, settings: dict[str, Any], worker_rounds: int) -> Any:
