@@ -1,7 +1,8 @@
 """Packs (tuner/engine/pack.py), measured in one run on this machine: trials·rounds a second of P runs packed into one
-program against one run alone, for P = 1, 2, 4, 8, 16, in the digits setting (MLP) and Table 1's (cnn4 on
-Fashion-MNIST, 20 clients, Dir(0.1), batch 100: a few steps a round), with the memory each pack's state takes; then a whole 16-trial digits sweep packed
-(`tuner sweep --pack`) beside today's sweep (`--pack 1`), the same space, trials and rounds, both on every core.
+program against one run alone, for P = 1, 2, 4, 8, 16, in the digits setting (MLP) and Table 1's federation (cnn4
+on Fashion-MNIST, 20 clients, Dir(0.1), at batch 100), with the memory each pack's state takes; then a whole
+16-trial digits sweep packed (`tuner sweep --pack`) beside today's sweep (`--pack 1`), the same space, trials and
+rounds, both on every core.
 
     python bench/packing.py --json results/bench/packing-digits.json
 
@@ -31,7 +32,7 @@ from tuner.sweep.pack_host import PACK_TRIAL_CPUS  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "digits": {"dataset": "digits", "partition": "dir:0.1", "clients": 20, "backbone": "mlp"},
-    # Table 1's federation and backbone, at batch 100 (a tenth of its steps: a round in seconds on a CPU)
+    # Table 1's federation and backbone, at batch 100 (a tenth of its steps, not of its compute)
     "table1": {"dataset": "fmnist", "partition": "dir:0.1", "clients": 20, "backbone": "cnn4", "batch_size": 100},
 }
 SWEEP_SPACE = """
