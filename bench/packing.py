@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--packs", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     ap.add_argument("--table1-packs", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (their median), after one to warm up")
-    ap.add_argument("--sweep-trials", type=int, default=16)
+    ap.add_argument("--sweep-trials", type=int, default=16, help="0: no sweep")
     ap.add_argument("--sweep-rounds", type=int, default=30)
     ap.add_argument("--sweep-pack", type=int, default=16)
     ap.add_argument("--device", default="cpu")
@@ -112,20 +112,21 @@ def main() -> None:
         figures[name] = {
             m: throughput(m, SETTINGS[name], packs, rounds, args.device, args.data_dir) for m in args.methods
         }
-    today = sweep_seconds(args.sweep_trials, args.sweep_rounds, 1, args.device)
-    packed = sweep_seconds(args.sweep_trials, args.sweep_rounds, args.sweep_pack, args.device)
-    work = args.sweep_trials * args.sweep_rounds
-    figures["sweep"] = {
-        "trials": args.sweep_trials,
-        "rounds": args.sweep_rounds,
-        "pack": args.sweep_pack,
-        "today s": today,
-        "packed s": packed,
-        "today trials·rounds/s": work / today,
-        "packed trials·rounds/s": work / packed,
-    }
-    figures["sweep_speedup"] = today / packed
-    print(f"a {args.sweep_trials}-trial sweep: {today:.1f} s today, {packed:.1f} s packed ({today / packed:.2f}x)")
+    if args.sweep_trials:  # 0: no sweep (a machine without Ray)
+        today = sweep_seconds(args.sweep_trials, args.sweep_rounds, 1, args.device)
+        packed = sweep_seconds(args.sweep_trials, args.sweep_rounds, args.sweep_pack, args.device)
+        work = args.sweep_trials * args.sweep_rounds
+        figures["sweep"] = {
+            "trials": args.sweep_trials,
+            "rounds": args.sweep_rounds,
+            "pack": args.sweep_pack,
+            "today s": today,
+            "packed s": packed,
+            "today trials·rounds/s": work / today,
+            "packed trials·rounds/s": work / packed,
+        }
+        figures["sweep_speedup"] = today / packed
+        print(f"a {args.sweep_trials}-trial sweep: {today:.1f} s today, {packed:.1f} s packed ({today / packed:.2f}x)")
     if args.json:
         provenance.write(args.json, figures)
 
