@@ -206,6 +206,10 @@ class PackHost:
         self.pack, self.pack_members = None, []
 
     def _release_pack_of(self, member: str) -> None:
+        """The member's pack released, once a round it is stepping (a restarted trial's old place) has ended: its
+        states are whole only between rounds."""
+        while self.busy and member in self.pack_members:
+            self.cond.wait()
         if member in self.pack_members:
             self._release()
 
