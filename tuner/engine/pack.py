@@ -36,11 +36,9 @@ from tuner.engine.packed_method import (
     NUMBER,
     RUN,
     SERVER,
-    number,
-    number_names,
     pack_problem,
     packed_method,
-    phase_numbers,
+    runs_numbers,
 )
 from tuner.engine.simulation import Rounds, diverged, initial_states, metrics_row
 from tuner.errors import UserError
@@ -68,11 +66,9 @@ class Pack(Rounds):
             raise ValueError(problem)
         n, p = data.num_clients, len(runs)
         self.runs, self.per_run = runs, n
-        numbers = {name: [number(r, name) for r in runs] for name in number_names(runs[0])}
-        numbers |= {name: [phase_numbers(r)[name] for r in runs] for name in phase_numbers(runs[0])}
         stacked = {
             NUMBER + name: torch.stack(values)
-            for name, values in numbers.items()
+            for name, values in runs_numbers(runs).items()
             if isinstance(values[0], torch.Tensor)
         }
         server_state = {SERVER + k: torch.stack([s[k] for s in servers]) for k in servers[0]} | stacked

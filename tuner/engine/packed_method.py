@@ -38,9 +38,7 @@ def pack_problem(runs: list[Method]) -> str | None:
     static = [replace(m.training, seed=0, lr=0.0, momentum=0.0, weight_decay=0.0) for m in runs]
     if any(t != static[0] for t in static):
         return "the runs differ in a setting other than the seed, lr, momentum, weight decay or a hyperparameter"
-    numbers = {name: [number(m, name) for m in runs] for name in number_names(first)}
-    numbers |= {name: [phase_numbers(m).get(name) for m in runs] for name in phase_numbers(first)}
-    for name, values in numbers.items():
+    for name, values in runs_numbers(runs).items():
         read = {isinstance(v, torch.Tensor) for v in values}
         if len(read) > 1:
             return f"{name.split('.', 1)[-1]} is 0 in some runs and not in others (two programs): pack them apart"
@@ -117,6 +115,13 @@ def optimizer_numbers(optimizer: SGD) -> dict[str, Any]:
         "weight_decay": optimizer.weight_decay,
         **{"group:" + prefix: lr for prefix, lr in optimizer.group_lrs},
     }
+
+
+def runs_numbers(runs: list[Method]) -> dict[str, list[Any]]:
+    """Each number a run's hooks or phases may read (number_names, phase_numbers), its value in every run."""
+    phases = [phase_numbers(m) for m in runs]  # each run's phases built once
+    numbers = {name: [number(m, name) for m in runs] for name in number_names(runs[0])}
+    return numbers | {name: [p.get(name) for p in phases] for name in phases[0]}
 
 
 def phase_numbers(method: Method) -> dict[str, Any]:
