@@ -1,8 +1,8 @@
 """Packs (tuner/engine/pack.py), measured in one run on this machine: trials·rounds a second of P runs packed into one
 program against one run alone, for P = 1, 2, 4, 8, 16, in the digits setting (MLP) and Table 1's federation (cnn4
-on Fashion-MNIST, 20 clients, Dir(0.1), at batch 100), with the memory each pack's state takes; then a whole
-16-trial digits sweep packed (`tuner sweep --pack`) beside today's sweep (`--pack 1`), the same space, trials and
-rounds, both on every core.
+on Fashion-MNIST, 20 clients, Dir(0.1), at batch 100), with the memory each pack's state takes, on every core and
+(on a CPU) on one; then a whole 16-trial digits sweep in packs of 4, 8 and 16 (`tuner sweep --pack`) beside today's
+sweep (`--pack 1`), the same space, trials and rounds, all on every core.
 
     python bench/packing.py --json results/bench/packing-digits.json
 
@@ -11,6 +11,7 @@ On a GPU the same command measures there (--device cuda); the memory is then the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -58,8 +59,12 @@ def seconds_a_round(step, rounds: int) -> float:
     return statistics.median(times)
 
 
-def throughput(method: str, setting: dict, packs: list[int], rounds: int, device: str, data_dir: str | None) -> dict:
-    """Trials·rounds a second of one run alone and of each pack, the pack's gain over alone, and its state's bytes."""
+def throughput(
+    method: str, setting: dict, packs: list[int], rounds: int, device: str, data_dir: str | None, threads: int
+) -> dict:
+    """Trials·rounds a second of one run alone and of each pack on `threads` CPU threads, the pack's gain over
+    alone, and its state's bytes."""
+    torch.set_num_threads(threads)
     base = {**setting, "method": method, "rounds": rounds + 2, "device": device, "data_dir": data_dir}
     alone = seconds_a_round(build_simulation(RunConfig(**base)).step, rounds)
     out = {"alone s/round": alone, "alone trials·rounds/s": 1 / alone}
@@ -80,8 +85,9 @@ def throughput(method: str, setting: dict, packs: list[int], rounds: int, device
     return out
 
 
-def sweep_seconds(trials: int, rounds: int, pack: int, device: str) -> float:
-    """A whole `tuner sweep` of `trials` trials of `rounds` rounds, wall-clock, start to end."""
+def sweep_seconds(trials: int, rounds: int, pack: int, device: str) -> dict:
+    """A whole `tuner sweep` of `trials` trials of `rounds` rounds, wall-clock, start to end, and when its first
+    and its last trial reported their first round and their last: where its time went."""
     # every core: the pack's (beside its waiting trials' slivers), or one a trial
     cpus = str((os.cpu_count() or 1) - pack * PACK_TRIAL_CPUS) if pack > 1 else "1"
     with tempfile.TemporaryDirectory() as d:
@@ -89,9 +95,19 @@ def sweep_seconds(trials: int, rounds: int, pack: int, device: str) -> float:
         space.write_text(SWEEP_SPACE.format(rounds=rounds, trials=trials, device=device))
         command = [sys.executable, "-m", "tuner.cli", "sweep", "fedavg", "--space", str(space), "--storage", d]
         command += ["--pack", str(pack), "--cpus-per-trial", cpus]
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         subprocess.run(command, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        reports = [
+            [json.loads(line)["reported_at"] - started_at for line in f.read_text().splitlines() if line.strip()]
+            for f in Path(d).rglob("result.json")
+        ]
+        return {
+            "s": seconds,
+            "trials·rounds/s": trials * rounds / seconds,
+            "first round reported s": [min(r[0] for r in reports), max(r[0] for r in reports)],
+            "last round reported s": [min(r[-1] for r in reports), max(r[-1] for r in reports)],
+        }
 
 
 def main() -> None:
@@ -102,31 +118,35 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (their median), after one to warm up")
     ap.add_argument("--sweep-trials", type=int, default=16, help="0: no sweep")
     ap.add_argument("--sweep-rounds", type=int, default=30)
-    ap.add_argument("--sweep-pack", type=int, default=16)
+    ap.add_argument("--sweep-packs", nargs="+", type=int, default=[4, 8, 16])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None, help="where Fashion-MNIST is [default: Debian's package's]")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     figures: dict = {"settings": SETTINGS}
-    for name, packs, rounds in (("digits", args.packs, args.rounds), ("table1", args.table1_packs, 1)):
+    every = torch.get_num_threads()
+    measured = [("digits", "digits", args.packs, args.rounds, every), ("table1", "table1", args.table1_packs, 1, every)]
+    if args.device == "cpu":  # on one core: what a pack gains where a sweep already runs a trial a core
+        measured.append(("digits one core", "digits", args.packs, args.rounds, 1))
+    for name, setting, packs, rounds, threads in measured:
         figures[name] = {
-            m: throughput(m, SETTINGS[name], packs, rounds, args.device, args.data_dir) for m in args.methods
+            m: throughput(m, SETTINGS[setting], packs, rounds, args.device, args.data_dir, threads)
+            for m in args.methods
         }
+    torch.set_num_threads(every)
     if args.sweep_trials:  # 0: no sweep (a machine without Ray)
         today = sweep_seconds(args.sweep_trials, args.sweep_rounds, 1, args.device)
-        packed = sweep_seconds(args.sweep_trials, args.sweep_rounds, args.sweep_pack, args.device)
-        work = args.sweep_trials * args.sweep_rounds
+        packed = {p: sweep_seconds(args.sweep_trials, args.sweep_rounds, p, args.device) for p in args.sweep_packs}
         figures["sweep"] = {
             "trials": args.sweep_trials,
             "rounds": args.sweep_rounds,
-            "pack": args.sweep_pack,
-            "today s": today,
-            "packed s": packed,
-            "today trials·rounds/s": work / today,
-            "packed trials·rounds/s": work / packed,
+            "today": today,
+            **{f"pack {p}": {**f, "speedup": today["s"] / f["s"]} for p, f in packed.items()},
         }
-        figures["sweep_speedup"] = today / packed
-        print(f"a {args.sweep_trials}-trial sweep: {today:.1f} s today, {packed:.1f} s packed ({today / packed:.2f}x)")
+        best = min(packed, key=lambda p: packed[p]["s"])
+        figures["sweep_speedup"], figures["sweep_speedup_pack"] = today["s"] / packed[best]["s"], best
+        for p, f in packed.items():
+            print(f"a {args.sweep_trials}-trial sweep: {today['s']:.1f} s today, {f['s']:.1f} s in packs of {p}")
     if args.json:
         provenance.write(args.json, figures)
 

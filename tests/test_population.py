@@ -16,6 +16,7 @@ import pytest
 import torch
 from scipy import stats
 from simulations import assert_equal_states, exact_config, run_rounds
+from sweeps import run_trial
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -230,44 +231,6 @@ def test_a_perturbation_compiles_nothing():
         and recipient.executor.ran.compiled_steps > 0
         and not recipient.executor.ran.not_compiled()
     )
-
-
-def run_trial(monkeypatch, tmp_path, name: str, config: dict, base: dict, donor: Path | None = None) -> list[Path]:
-    """tuner.sweep.trainable.federated_trial as Ray Tune runs it, without Ray's scheduler: started from `donor` (a
-    checkpoint folder, as an exploit hands it), each checkpoint it reports kept under tmp_path/name."""
-    import shutil
-    import types
-
-    import ray
-    from ray import tune
-
-    from tuner.sweep import trainable
-
-    kept: list[Path] = []
-
-    def report(metrics, checkpoint=None):
-        if checkpoint is not None:
-            kept.append(tmp_path / name / f"checkpoint_{len(kept):06d}")
-            shutil.copytree(checkpoint.path, kept[-1])
-
-    context = types.SimpleNamespace(
-        get_trial_name=lambda: name,
-        get_trial_dir=lambda: str(tmp_path / name),
-        get_node_id=lambda: "node",
-        get_assigned_resources=lambda: {"CPU": 1},
-    )
-    monkeypatch.setattr(tune, "report", report)
-    monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(donor)) if donor else None)
-    monkeypatch.setattr(tune, "get_context", lambda: context)
-    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))  # the trial sets it; restored after the test
-    threads = torch.get_num_threads()
-    try:
-        trainable.federated_trial(config, base, "val", 1, str(tmp_path / "cache"), 4)
-    finally:
-        torch.set_num_threads(threads)
-    return kept
 
 
 @pytest.mark.slow

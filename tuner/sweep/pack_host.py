@@ -100,12 +100,12 @@ class PackHost:
     def load_state_dict(self, member: str, state: dict) -> None:
         with self.cond:
             self._release_pack_of(member)
-            m = self.members[member]
+            m = self._member(member)
             m.parked, m.round = state, state["round"]
 
     def state_dict(self, member: str) -> dict:
         with self.cond:
-            m = self.members[member]
+            m = self._member(member)
             if member in self.pack_members and self.pack is not None:
                 return self.pack.state_dict(self.pack_members.index(member))
             if m.parked is not None:
@@ -115,7 +115,7 @@ class PackHost:
     def step(self, member: str) -> dict:
         """The trial's next round, stepped with every trial ready at that round (the module's docstring); its row."""
         with self.cond:
-            me = self.members[member]
+            me = self._member(member)
             me.waiting, me.absent, me.row, me.failure = True, False, None, None
             deadline = time.monotonic() + GATHER_S
             self.cond.notify_all()
@@ -136,6 +136,11 @@ class PackHost:
             return row
 
     # --- inside the host
+    def _member(self, member: str) -> Member:
+        if member not in self.members:  # the host was killed and started again since the trial attached
+            raise RuntimeError("the trial's pack host started again without its run; Tune restarts the trial")
+        return self.members[member]
+
     def _ready(self, me: Member, deadline: float) -> list[str] | None:
         """The trials to step with `me`, once every one held at its round has asked or the gathering has ended."""
         peers = [k for k, m in self.members.items() if m.round == me.round and m.program == me.program]
@@ -220,7 +225,8 @@ class PackHost:
 
 def start_hosts(size: int, cpus: float, compile_cache: str) -> list:
     """A PackHost on each device of the cluster: each GPU (holding it whole), or each node without one (holding
-    `cpus` of it); each packs up to `size` trials."""
+    `cpus` of it); each packs up to `size` trials. A host lost with its node is not started elsewhere: its trials,
+    restarted by Tune on other nodes, join those nodes' hosts (least_held)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -242,6 +248,9 @@ def start_hosts(size: int, cpus: float, compile_cache: str) -> list:
                     num_cpus=cpus,
                     num_gpus=1 if gpus else 0,
                     max_concurrency=1000,  # every trial's call waits in a thread of its own
+                    # a host killed (the OOM killer) starts again, empty: its trials fail their call, and Tune
+                    # restarts each from its checkpoint into it (TRIAL_RETRIES bounds how often)
+                    max_restarts=-1,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 ).remote(size, math.ceil(cpus), compile_cache)
             )
