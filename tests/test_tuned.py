@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.errors import UserError
-from tuner.report.intervals import difference
+from tuner.report.intervals import difference, holm
 
 SELECTED = "selected_acc"
 
@@ -143,10 +143,16 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
     assert (by.at["gpfl", "search_trials"], by.at["gpfl", "search_rounds"]) == (2, 6)
     col = columns.iloc[0]
     assert col["own_method"] == "gpfl" and not col["own_first_defaults"] and col["own_first_tuned"]
-    assert col["runner_up"] == "local" and col["kendall_tau"] == pytest.approx(1 / 3)
+    assert col["kendall_tau"] == pytest.approx(1 / 3)
+    # against every other method, Holm over them (a family of 2)
+    vs = {m: difference([0.86, 0.87, 0.85], by.at[m, "tuned_accs"], paired=True) for m in ("fedavg", "local")}
+    assert by.at["local", "own_minus"] == pytest.approx(100 * vs["local"].mean)
+    assert list(methods.set_index("method").loc[["fedavg", "local"], "own_p_holm"]) == pytest.approx(
+        holm([vs["fedavg"].p, vs["local"].p])
+    )
     assert col["training_share"] == pytest.approx(3 * 8 * 10 / 200)  # 24 runs of 10 s in 100 s × 2 slots
     text = fair_markdown(methods, columns)
-    assert "GPFL first at defaults: no; tuned: yes; tuned, against the best other (LOCAL)" in text
+    assert "GPFL first at defaults: no; tuned: yes. Tuned, against each of the other 2 tuned" in text
     assert "not distinguishable" in text
     assert "### fmnist-dir0.1-20c-mlp (gpfl-table1; 5 rounds; 3 seeds paired)" in text  # its backbone and rounds
     assert "Not run at this setting: FedBN: FedBN keeps batch-norm layers local" in text and "| FedBN" not in text
@@ -326,10 +332,18 @@ def test_the_tuned_pages_sentences_on_fashion_mnist_are_the_committed_figures():
         (1, 2),
         (8, 8),
     )
-    assert c["runner_up"] == "fedrep" and (
-        f"{-c['to_runner_up']:.2f} points behind FedRep tuned (interval −{-c['to_runner_up_low']:.2f} to "
-        f"−{-c['to_runner_up_high']:.2f})" in page
+    ahead, behind = c["own_ahead"].split(", "), c["own_behind"]
+    undecided = c["own_undecided"].split(", ")
+    assert ahead == ["fedavg", "fedprox"] and behind == "" and len(undecided) == 8 and undecided[0] == "fedrep"
+    assert (m["own_p_holm"].notna().sum(), m["tuned_mean"].idxmax()) == (10, "fedrep")
+    rep = m.loc["fedrep"]
+    assert (
+        f"FedRep's lead is {-rep['own_minus']:.2f} points (interval −{-rep['own_minus_low']:.2f} to "
+        f"−{-rep['own_minus_high']:.2f}, p {rep['own_p']:.3f}), but Holm over the 10 adjusts that p to "
+        f"{rep['own_p_holm']:.3f}" in page
     )
+    above = set(m[m["tuned_mean"] > m.at["gpfl", "tuned_mean"]].index)
+    assert len(above) == 7 and set(undecided) == above | {"per-fedavg"}  # "the seven above it, nor Per-FedAvg"
     both = {"fedavg", "fedprox"}  # "gain the most and stay last"
     assert set(m.sort_values("gain").index[-2:]) == set(m.sort_values("tuned_mean").index[:2]) == both
     per_round = runs[runs["stage"] == "defaults"].assign(s=lambda d: d["time_s"] / d["rounds_run"])
@@ -356,6 +370,34 @@ def test_holm_and_benjamini_hochberg_adjust_a_family_and_leave_untested_rows_out
     a, b = [0.9, 0.92, 0.91], [0.8, 0.85, 0.83]
     assert difference(a, b, paired=True).p == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-12)
     assert difference(a, a, paired=True).p == 1.0
+
+
+def recomputed_fair(folder: Path, tmp_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The fair tables `tuner report` computes today from a committed comparison's runs.parquet, its
+    comparison.yaml at the root its runs' experiments name (moved under tmp_path)."""
+    import os
+    import shutil
+
+    from tuner.report.fair import COMPARISON_FILE, fair_tables
+
+    runs = pd.read_parquet(folder / "runs.parquet")
+    root = Path(os.path.commonpath(list(runs["experiment"])))
+    here = tmp_path / root.name
+    here.mkdir(parents=True)
+    shutil.copy(folder / COMPARISON_FILE, here / COMPARISON_FILE)
+    runs["experiment"] = [str(here / Path(e).relative_to(root)) for e in runs["experiment"]]
+    return fair_tables(runs)
+
+
+@pytest.mark.parametrize("comparison", sorted(p.name for p in (ROOT / "results/tuned-comparisons").iterdir()))
+def test_each_committed_fair_table_is_what_the_report_computes_today_from_its_runs(comparison, tmp_path):
+    from tuner.report.fair import fair_latex
+
+    folder = ROOT / "results/tuned-comparisons" / comparison
+    methods, columns = recomputed_fair(folder, tmp_path)
+    pd.testing.assert_frame_equal(methods, pd.read_parquet(folder / "fair.parquet"))
+    pd.testing.assert_frame_equal(columns, pd.read_parquet(folder / "fair_columns.parquet"))
+    assert fair_latex(methods) == (folder / "fair.tex").read_text()
 
 
 def test_the_tuned_pages_corrections_are_the_committed_tables():

@@ -1,16 +1,19 @@
 """The fair table of a tuned comparison (tuner/experiments/tuned_comparison.py), from the report's summary rows.
 
 Per method and data setting: test accuracy at the round validation chose, at the paper defaults and tuned (mean ±
-std over the same fresh seeds), the gain with its 95 % interval paired over those seeds, the rank at defaults and
-tuned, and the budget its search spent (trials, rounds trained). Per setting: Kendall's τ between the two rankings,
-whether the paper's own method is first at defaults and tuned, and its difference to the runner-up with the
-interval. An interval that covers 0 is written "not distinguishable". Per comparison: the share of its trial slots'
-wall time spent training (the rest is starting trials, importing, Tune's bookkeeping).
+sample std over the same fresh seeds), the gain with its 95 % interval paired over those seeds, its p with Holm's
+adjusted p and the Benjamini–Hochberg q over the setting's methods, the rank at defaults and tuned, and the budget
+its search spent (trials, rounds trained). Per setting: Kendall's τ between the two rankings, whether the paper's own
+method is first at defaults and tuned, and its tuned difference to every other method tuned (paired over seeds, Holm
+over those others: never a runner-up picked after seeing the results). An interval that covers 0 is written "not
+distinguishable". Per comparison: the share of its trial slots' wall time spent training (the rest is starting
+trials, importing, Tune's bookkeeping).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +25,12 @@ from tuner.report.intervals import Difference, benjamini_hochberg, difference, h
 from tuner.settings import papers
 from tuner.settings.tuned_files import DATA_SETTINGS, setting_name
 
+LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    **{c: "\\" + c for c in "&%$#_{}"},
+}
 COMPARISON_FILE = "comparison.yaml"  # tuner/experiments/tuned_comparison.py's record, at the comparison's root
 
 
@@ -43,15 +52,17 @@ def fair_tables(summaries: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         table = record.get("asked", {}).get("table", "")
         for setting, runs in ours.groupby("setting", sort=True):
             rows = [_method_row(method, group) for method, group in runs.groupby("method", sort=True)]
-            frame = pd.DataFrame(rows).assign(comparison=str(root), table=table, setting=setting)
+            frame = pd.DataFrame(rows).assign(comparison=root.name, table=table, setting=setting)
             frame["rank_defaults"] = frame["defaults_mean"].rank(ascending=False, method="min")
             frame["rank_tuned"] = frame["tuned_mean"].rank(ascending=False, method="min")
             # the table's family: every method's gain at this setting, corrected together
             frame["gain_p_holm"] = holm(frame["gain_p"].tolist())
             frame["gain_q_bh"] = benjamini_hochberg(frame["gain_p"].tolist())
             frame["established"] = frame["gain_p_holm"] < 0.05
+            own = _own_method(table)
+            frame = _against_own(frame, own)
             methods.append(frame)
-            columns.append(_column_row(frame, runs, record, table, setting, root))
+            columns.append(_column_row(frame, runs, record, table, setting, root, own))
     if not methods:
         return pd.DataFrame(), pd.DataFrame()
     return pd.concat(methods, ignore_index=True), pd.DataFrame(columns)
@@ -93,13 +104,38 @@ def _method_row(method: str, runs: pd.DataFrame) -> dict:
     }
 
 
-def _column_row(frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: str, setting: str, root: Path) -> dict:
+def _own_method(table: str) -> str | None:
+    """The method the table's paper proposes (None: a table of no paper's own)."""
+    paper = papers.TABLES[table].paper if table in papers.TABLES else None
+    return papers.PAPERS[paper].proposes[0] if paper and papers.PAPERS[paper].proposes else None
+
+
+def _against_own(frame: pd.DataFrame, own: str | None) -> pd.DataFrame:
+    """Each other method's tuned accuracy against the paper's own method tuned: own − it, paired over seeds, with
+    its 95 % interval and p, and Holm's adjusted p over every other method (the family the paper's claim is)."""
+    frame = frame.assign(own_minus=math.nan, own_minus_low=math.nan, own_minus_high=math.nan, own_p=math.nan)
+    mine = frame.loc[frame["method"] == own, "tuned_accs"]
+    if len(mine) == 1:
+        for i, row in frame.iterrows():
+            if row["method"] != own and len(row["tuned_accs"]) == len(mine.iloc[0]) > 1:
+                d = difference(mine.iloc[0], row["tuned_accs"], paired=True)
+                frame.loc[i, ["own_minus", "own_minus_low", "own_minus_high", "own_p"]] = [
+                    100 * d.mean,
+                    100 * d.low,
+                    100 * d.high,
+                    d.p,
+                ]
+    frame["own_p_holm"] = holm(frame["own_p"].tolist())
+    return frame
+
+
+def _column_row(
+    frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: str, setting: str, root: Path, own: str | None
+) -> dict:
     ranked = frame.dropna(subset=["defaults_mean", "tuned_mean"])
     tau = stats.kendalltau(ranked["defaults_mean"], ranked["tuned_mean"]).statistic if len(ranked) > 2 else math.nan
-    paper = papers.TABLES[table].paper if table in papers.TABLES else None
-    own = papers.PAPERS[paper].proposes[0] if paper and papers.PAPERS[paper].proposes else None
     out = {
-        "comparison": str(root),
+        "comparison": root.name,  # its folder: never a path of the machine that ran it
         "table": table,
         "setting": setting,
         **{k: runs[k].iloc[0] for k in DATA_SETTINGS},
@@ -109,10 +145,10 @@ def _column_row(frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: st
         "own_method": own or "",
         "own_first_defaults": None,
         "own_first_tuned": None,
-        "runner_up": "",
-        "to_runner_up": math.nan,
-        "to_runner_up_low": math.nan,
-        "to_runner_up_high": math.nan,
+        # the other methods the paper's own method tuned is ahead of, behind, and not told from (Holm over them)
+        "own_ahead": "",
+        "own_behind": "",
+        "own_undecided": "",
         "training_share": _training_share(runs, record),
         "wall_s": float(record.get("wall_s", math.nan)),
     }
@@ -120,13 +156,11 @@ def _column_row(frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: st
         first = ranked.set_index("method")
         out["own_first_defaults"] = bool(first.at[own, "rank_defaults"] == 1)
         out["own_first_tuned"] = bool(first.at[own, "rank_tuned"] == 1)
-        others = ranked[ranked["method"] != own].sort_values("tuned_mean", ascending=False)
-        runner = others.iloc[0]
-        mine = first.at[own, "tuned_accs"]
-        if len(mine) == len(runner["tuned_accs"]) > 1:
-            d = difference(mine, runner["tuned_accs"], paired=True)
-            out |= {"to_runner_up": 100 * d.mean, "to_runner_up_low": 100 * d.low, "to_runner_up_high": 100 * d.high}
-        out["runner_up"] = runner["method"]
+        tested = ranked.dropna(subset=["own_p_holm"]).sort_values("tuned_mean", ascending=False)
+        held = tested["own_p_holm"] < 0.05
+        out["own_ahead"] = ", ".join(tested.loc[held & (tested["own_minus"] > 0), "method"])
+        out["own_behind"] = ", ".join(tested.loc[held & (tested["own_minus"] < 0), "method"])
+        out["own_undecided"] = ", ".join(tested.loc[~held, "method"])
     return out
 
 
@@ -141,7 +175,8 @@ def _mean(values: list[float]) -> float:
 
 
 def _std(values: list[float]) -> float:
-    return float(pd.Series(values).std(ddof=0)) if values else math.nan
+    """The sample std (n − 1), as every page labels it."""
+    return float(pd.Series(values).std(ddof=1)) if len(values) > 1 else math.nan
 
 
 def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
@@ -173,13 +208,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
             else "Too few methods for Kendall's τ."
         ]
         if col.own_first_tuned is not None:
-            title = papers.TABLES[col.table].paper
-            runner_up = t.loc[t["method"] == col.runner_up, "title"].iloc[0]
-            lines.append(
-                f"{title} first at defaults: {'yes' if col.own_first_defaults else 'no'}; tuned: "
-                f"{'yes' if col.own_first_tuned else 'no'}; tuned, against the best other ({runner_up}): "
-                + _interval(col.to_runner_up, col.to_runner_up_low, col.to_runner_up_high)
-            )
+            lines.append(_own_line(t, col))
         lines += [f"Not run at this setting: {r.title}: {r.refused}" for r in refused.itertuples()]
         if not math.isnan(col.training_share):
             lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
@@ -191,18 +220,42 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
             + "\n"
         )
     note = (
-        "Test accuracy (%) at the round the validation split chose, mean ± std over the same seeds at the paper "
-        "defaults and tuned; a gain whose interval covers 0 is not distinguishable from none. p is the paired t "
-        "test's, two-sided; over the setting's methods, Holm's step-down correction (a gain established where it is "
-        "below 0.05) and the Benjamini–Hochberg q (the false discovery rate).\n\n"
+        "Test accuracy (%) at the round the validation split chose, mean ± sample std (n − 1) over the same seeds at "
+        "the paper defaults and tuned; a gain whose interval covers 0 is not distinguishable from none. p is the "
+        "paired t test's, two-sided; over the setting's methods, Holm's step-down correction (a gain established "
+        "where it is below 0.05) and the Benjamini–Hochberg q (the false discovery rate).\n\n"
     )
     return note + "\n".join(parts)
 
 
+def _own_line(t: pd.DataFrame, col) -> str:
+    """The paper's own method: first or not, and tuned against every other method tuned, Holm over them."""
+    own = t[t["method"] == col.own_method].iloc[0]
+    titles = t.set_index("method")["title"]
+    named = lambda methods: ", ".join(titles[m] for m in methods.split(", ")) if methods else "none"  # noqa: E731
+    tested = int(t["own_p_holm"].notna().sum())
+    return (
+        f"{own['title']} first at defaults: {'yes' if col.own_first_defaults else 'no'}; tuned: "
+        f"{'yes' if col.own_first_tuned else 'no'}. Tuned, against each of the other {tested} tuned (paired t over "
+        f"seeds, Holm over the {tested}): ahead of {named(col.own_ahead)}; behind {named(col.own_behind)}; not "
+        f"distinguishable from {named(col.own_undecided)}."
+    )
+
+
 def fair_latex(methods: pd.DataFrame) -> str:
+    """The table in LaTeX; a method a setting refused is not a row of NaNs but named with its reason in the
+    caption."""
     cols = ["setting", "title", "defaults_mean", "defaults_std", "tuned_mean", "tuned_std", "gain", "gain_low"]
-    frame = methods[[*cols, "gain_high", "rank_defaults", "rank_tuned"]].round(2)
-    return frame.to_latex(index=False, caption="Every method tuned at the same budget", escape=True)
+    ran, refused = methods[methods["refused"] == ""], methods[methods["refused"] != ""]
+    frame = ran[[*cols, "gain_high", "gain_p", "gain_p_holm", "rank_defaults", "rank_tuned"]].round(3)
+    caption = "Every method tuned at the same budget (mean and sample std over seeds; Holm over each setting)"
+    caption += "".join(f". Not run at {r.setting}: {r.title}: {r.refused}" for r in refused.itertuples())
+    return frame.to_latex(index=False, caption=_latex_text(caption), escape=True)
+
+
+def _latex_text(text: str) -> str:
+    """Text as LaTeX typesets it (the caption, which to_latex leaves as it is)."""
+    return re.sub(r"[\\&%$#_{}~^]", lambda m: LATEX_ESCAPES[m.group()], text)
 
 
 def _interval(mean: float, low: float, high: float) -> str:
