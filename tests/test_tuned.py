@@ -211,19 +211,48 @@ def test_a_stage_of_many_methods_weighs_compiling_against_one_methods_rounds(mon
         assert captured["worker_rounds"] == rounds
 
 
+def test_a_tuned_variant_searches_none_of_its_familys_defining_settings_and_a_file_that_moved_one_is_refused(
+    tmp_path,
+):
+    """FedAS's space searches align and fisher, the switches FedAS-noPA and FedAS-noCS turn off: in a tuned
+    comparison neither FedAS nor its variants search them (each row stays the method it names), while FedEM searches
+    the m its variants fix; a tuned file that moved a held setting is refused in one sentence."""
+    from tuner.experiments.tuned_comparison import fair_space
+    from tuner.settings.tuned_files import read_tuned
+
+    root = Path(__file__).resolve().parents[1]
+    asked = {"sampler": "tpe", "trials": 2, "grace": 1, "patience": None, "settings": {"rounds": 2}}
+    for method, align in (("fedas", True), ("fedas-nopa", False)):
+        space = fair_space(method, root / "search_spaces/fedas.yaml", tmp_path, {"method": method}, asked)
+        assert set(space.search) == {"lr", "align_lr"}
+        assert (
+            f"# not searched, each row its own method: align={align}, fisher=True"
+            in (tmp_path / f"{method}.yaml").read_text()
+        )
+    fedem = fair_space("fedem", root / "search_spaces/fedem.yaml", tmp_path, {"method": "fedem"}, asked)
+    fedem_m5 = fair_space("fedem-m5", root / "search_spaces/fedem.yaml", tmp_path, {"method": "fedem-m5"}, asked)
+    assert "m" in fedem.search and "m" not in fedem_m5.search
+    setting = tmp_path / "tuned"
+    setting.mkdir()
+    (setting / "fedas-nopa.yaml").write_text(yaml.safe_dump({"method": "fedas-nopa", "settings": {"align": True}}))
+    with pytest.raises(UserError, match=r"sets align=True, but fedas-nopa is the method with align=False"):
+        read_tuned("fedas-nopa", str(setting), {})
+
+
 def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(tmp_path):
-    """FedPAC-CC's λ is 0, outside FedPAC's loguniform λ: Ray's Optuna search refuses a partial first point (the
-    digits comparison's search stage stopped on FedAvg-FT's so), so none is tried first; FedPAC's whole one is."""
+    """Per-FedAvg's paper setting has no β in its range: Ray's Optuna search refuses a partial first point (the
+    digits comparison's search stage stopped on FedAvg-FT's so), so none is tried first; FedPAC's whole one is, and
+    FedPAC-CC's too, its λ = 0 held, not searched."""
     from tuner.experiments.tuned_comparison import fair_space
     from tuner.selection import SCORE
     from tuner.sweep.recovery import StoppableOptunaSearch
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] / "search_spaces"
     asked = {"sampler": "tpe", "trials": 2, "grace": 1, "patience": None, "settings": {"rounds": 2}}
-    for method, first in (("fedpac-cc", None), ("fedpac", "whole")):
-        space = fair_space(method, root / "search_spaces/fedpac.yaml", tmp_path, {"method": method}, asked)
+    for method, source, whole in (("per-fedavg", "per-fedavg", 0), ("fedpac-cc", "fedpac", 2), ("fedpac", "fedpac", 3)):
+        space = fair_space(method, root / f"{source}.yaml", tmp_path, {"method": method}, asked)
         points = space.first_points()
-        assert points == ([space.defaults()] if first else None) and (first is None or len(points[0]) == 3)
+        assert points == ([space.defaults()] if whole else None) and (not whole or len(points[0]) == whole)
         StoppableOptunaSearch(space=space.search, metric=SCORE, mode="max", points_to_evaluate=points)
 
 
@@ -247,6 +276,7 @@ def test_the_tuned_page_quotes_each_committed_comparison_as_its_report_wrote_it(
 
 
 def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_path, monkeypatch):
+    from tuner.plugins import family_settings, method_class
     from tuner.settings.config import resolve_layers
     from tuner.settings.tuned_files import setting_name
 
@@ -258,6 +288,8 @@ def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_pa
         for key in ("table", "space", "space_sha256", "sampler", "trials", "rounds_trained", "val_acc", "commit"):
             assert data["provenance"][key] not in (None, ""), (path, key)
         resolve_layers(data["method"], [(str(path), data["settings"])])  # a setting this checkout still takes
+        own = family_settings(method_class(data["method"]))  # a variant's file is still that variant's
+        assert all(data["settings"].get(k, v) == v for k, v in own.items()), (path, own)
     monkeypatch.chdir(ROOT)  # `--tuned NAME` reads results/tuned/ under the current directory
     setting = shipped[0].parent.name
     out = tmp_path / "run"
@@ -293,6 +325,29 @@ def test_the_tuned_pages_sentences_on_digits_are_the_committed_figures():
     assert ", ".join(listed[:-1]) + f" and {listed[-1]} moved within intervals that cover 0" in page
     sim = build_simulation(resolve_layers("fedavg", [("test", {"dataset": "digits", "rounds": 1, "val_frac": 0.1})]))
     assert f"{sum(sim.data.val.counts)} samples in all" in page and f"{sum(sim.data.test.counts)} test samples" in page
+
+
+def test_the_tuned_pages_sentence_on_variants_is_the_committed_comparisons_best_configurations():
+    from tuner.plugins import family_settings, method_class
+
+    best = yaml.safe_load((ROOT / "results/tuned-comparisons/digits-roster/comparison.yaml").read_text())["best"]
+    configs = {json.loads(k)["method"]: v["config"] for k, v in best.items() if "config" in v}  # refused: none
+    held = {m: family_settings(method_class(m)) for m in configs}
+    family = {m: method_class(m).family or m for m in configs}
+    families = {m: c for m, c in configs.items() if family[m] in ("fedas", "hypcluster", "fedem")}
+    moved = sorted(m for m, c in families.items() if any(c.get(k, v) != v for k, v in held[m].items()))
+    distinct = {json.dumps(c, sort_keys=True) for c in families.values()}
+    page = " ".join((ROOT / "docs/tuned.md").read_text().split())
+    assert (
+        f"the {len(families)} tuned rows of FedAS, HypCluster and FedEM with their variants are {len(distinct)} "
+        "configurations" in page
+    )
+    assert f"The {len(moved)} tuned files that moved a setting a comparison now holds are withdrawn" in page
+    # the other families (GPFL's, FedCP's, APFL's, kNN-Per's) searched none of their defining settings
+    others = [m for m in configs if held[m] and m not in families]
+    assert all(configs[m].get(k, v) == v for m in others for k, v in held[m].items())
+    shipped = {p.stem for p in (ROOT / "results/tuned/digits-dir0.1-20c-mlp").glob("*.yaml")}
+    assert not set(moved) & shipped and len(moved) == 7
 
 
 def test_the_tuned_pages_sentences_on_fashion_mnist_are_the_committed_figures():

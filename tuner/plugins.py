@@ -155,6 +155,18 @@ def method_title(text: str) -> str:
         return text.rpartition(":")[2]
 
 
+def family_settings(cls: type[Method]) -> dict[str, Any]:
+    """The hyperparameters a tuned comparison holds for this method, at its own values: a variant's fixed ones
+    (FedEM-M5's m, FedPAC-CC's λ = 0), and its family's on/off switches, which a variant turns (FedAS-noPA's align):
+    a base searching its ablation's switch would end as that ablation, an ablation searching another's as neither.
+    A number a variant fixes stays searched for the base, where it is the base's hyperparameter (FedEM's m)."""
+    family = cls.family or cls.name
+    members = [m for m in METHODS.values() if (m.family or m.name) == family]
+    switches = {k for m in members for k, v in m.fixed.items() if isinstance(v, bool)}
+    own = {f.name: f.default for f in fields(cls.Hparams)}
+    return {k: own[k] for k in sorted(set(cls.fixed) | switches)}
+
+
 def is_variant(text: str) -> bool:
     """A built-in ablation or variant (tables show those only where a paper does)."""
     return text in METHODS and bool(METHODS[text].family)

@@ -2,7 +2,8 @@
 papers did not make (they tune their own method and run the baselines at their defaults).
 
 Each cell's method gets the same search: its space file's `search` alone (the file's fixed settings give way to the
-cell's), one sampler with one seed, the same trials, rounds, ASHA grace and patience, selection by validation
+cell's) less the settings held for its method (tuner.plugins.family_settings: FedAS-noPA keeps align off, FedAS
+keeps it on), one sampler with one seed, the same trials, rounds, ASHA grace and patience, selection by validation
 accuracy. Its best configuration is rerun with fresh seeds, and the method's paper defaults run with the same
 seeds, so that each gain is paired over seeds. Under STORAGE/TABLE-tuned:
 
@@ -62,11 +63,19 @@ def space_file(method: str, space_dir: Path) -> Path:
 def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict) -> Space:
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
     selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
+    from tuner.plugins import family_settings, method_class
     from tuner.sweep.space_file import load_space
 
     search = read_mapping(source, "Space file").get("search")
     if not search:
         raise UserError(f"{source} has no `search:` mapping; a tuned comparison searches what it names.")
+    kept = family_settings(method_class(method))  # each row stays the variant it names
+    search = {k: v for k, v in search.items() if k not in kept}
+    if not search:
+        raise UserError(
+            f"{source} searches only {', '.join(kept)}, which tell {method}'s family apart and stay fixed in a tuned "
+            "comparison; search another setting too (its lr)."
+        )
     stop = {k: asked[k] for k in ("grace", "patience") if asked.get(k)}
     derived = {
         "method": method,
@@ -78,6 +87,8 @@ def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict)
     }
     folder.mkdir(parents=True, exist_ok=True)
     header = f"# the search of {source} (sha256 {file_hash(source)}) under the comparison's budget\n"
+    if kept:
+        header += f"# not searched, each row its own method: {', '.join(f'{k}={v}' for k, v in kept.items())}\n"
     write_text_atomic(folder / f"{method}.yaml", header + yaml.safe_dump(derived, sort_keys=False))
     return load_space(folder / f"{method}.yaml", method, settings={**asked["settings"], **cell})
 

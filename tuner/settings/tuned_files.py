@@ -104,4 +104,14 @@ def read_tuned(method: str, setting: str, typed: dict[str, Any], folder: Path = 
             f"{path} was tuned with {k}={settings.get(k)}, not {typed[k]}; drop the {k} you typed, or pick a "
             f"setting tuned for it: {', '.join(tuned_settings(folder).get(method, [])) or 'none yet'}."
         )
+    from tuner.plugins import family_settings, method_class
+
+    moved = {k: v for k, v in family_settings(method_class(method)).items() if k in settings and settings[k] != v}
+    if moved:
+        k, v = next(iter(moved.items()))
+        raise UserError(
+            f"{path} sets {k}={settings[k]}, but {method} is the method with {k}={v} (the setting tells its variants "
+            "apart): it was tuned before a comparison kept each variant's settings; tune it again with "
+            "`tuner reproduce TABLE --tune`."
+        )
     return str(path), settings
