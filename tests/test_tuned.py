@@ -104,12 +104,16 @@ def comparison_rows(tmp_path: Path) -> pd.DataFrame:
         "fedavg": ([0.70, 0.60, 0.65], [0.72, 0.58, 0.69]),
         "local": ([0.84, 0.83, 0.85], [0.85, 0.84, 0.86]),
     }
+    # GPFL's search: its tuned lr at the top of its range, its reruns chose their last round
+    (root / "spaces").mkdir()
+    (root / "spaces" / "gpfl.yaml").write_text("search: {lr: {loguniform: [0.001, 0.05]}, mu: {grid: [0, 1]}}\n")
     rows = []
     for method, (defaults, tuned) in accs.items():
         for stage, values in (("defaults", defaults), ("seeds", tuned)):
+            last = stage == "seeds" and method == "gpfl"
             rows += [
                 dict(stage=stage, method=method, title=method.upper(), seed=i + 1, selected_acc=v, rounds_run=5)
-                | {"rounds_planned": 5}
+                | {"rounds_planned": 5, "val_round": 5 if last else 3, "lr": 0.048 if last else 0.005}
                 for i, v in enumerate(values)
             ]
         rows += [dict(stage="search", method=method, title=method.upper(), seed=0, selected_acc=0.5, rounds_run=3)] * 2
@@ -151,7 +155,12 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
         holm([vs["fedavg"].p, vs["local"].p])
     )
     assert col["training_share"] == pytest.approx(3 * 8 * 10 / 200)  # 24 runs of 10 s in 100 s × 2 slots
+    assert (by.at["gpfl", "at_edge"], by.at["gpfl", "last_round"], by.at["gpfl", "reruns"]) == ("lr top", 3, 3)
+    assert (by.at["fedavg", "at_edge"], by.at["fedavg", "last_round"]) == ("", 0)  # no space file: nothing to flag
     text = fair_markdown(methods, columns)
+    assert "| lr top; last round 3/3 |" in text
+    assert "1 of the 3 methods have a tuned value at its range's edge (within 5 % of it, on its scale)" in text
+    assert "3 of the 9 tuned reruns chose their last round" in text
     assert "GPFL first at defaults: no; tuned: yes. Tuned, against each of the other 2 tuned" in text
     assert "not distinguishable" in text
     assert "### fmnist-dir0.1-20c-mlp (gpfl-table1; 5 rounds; 3 seeds paired)" in text  # its backbone and rounds
@@ -440,6 +449,7 @@ def recomputed_fair(folder: Path, tmp_path: Path) -> tuple[pd.DataFrame, pd.Data
     here = tmp_path / root.name
     here.mkdir(parents=True)
     shutil.copy(folder / COMPARISON_FILE, here / COMPARISON_FILE)
+    shutil.copytree(folder / "spaces", here / "spaces")
     runs["experiment"] = [str(here / Path(e).relative_to(root)) for e in runs["experiment"]]
     return fair_tables(runs)
 
@@ -502,3 +512,16 @@ def test_run_tuned_says_when_the_space_it_was_searched_from_has_changed(tmp_path
     assert changed.exit_code == 0, changed.output
     said = " ".join(changed.output.split())
     assert f"Note: space.yaml has changed since {folder / 'fedavg.yaml'} was tuned from it" in said
+
+
+def test_a_tuned_value_is_at_its_ranges_edge_within_5_percent_on_its_scale():
+    from tuner.report.budget_flags import at_edge
+
+    search = {
+        "lr": {"loguniform": [0.001, 0.1]},  # 0.0012 is 4 % up the log scale, 0.05 is 85 %
+        "epochs": {"int": [1, 21]},
+        "mu": {"uniform": [0.0, 1.0]},
+        "batch_size": {"categorical": [10, 64]},
+    }
+    assert at_edge(search, {"lr": 0.0012, "epochs": 21, "mu": 0.5, "batch_size": 64}) == ["lr bottom", "epochs top"]
+    assert at_edge(search, {"lr": 0.05, "epochs": 3, "mu": 0.96}) == ["mu top"]

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
+from tuner.report.budget_flags import EDGE, at_edge, chose_last_round
 from tuner.report.intervals import Difference, benjamini_hochberg, difference, holm
 from tuner.settings import papers
 from tuner.settings.tuned_files import DATA_SETTINGS, setting_name
@@ -51,7 +52,7 @@ def fair_tables(summaries: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         ours = summaries[roots == root].assign(setting=lambda d: [setting_name(r) for r in d.to_dict("records")])
         table = record.get("asked", {}).get("table", "")
         for setting, runs in ours.groupby("setting", sort=True):
-            rows = [_method_row(method, group) for method, group in runs.groupby("method", sort=True)]
+            rows = [_method_row(method, group, root) for method, group in runs.groupby("method", sort=True)]
             frame = pd.DataFrame(rows).assign(comparison=root.name, table=table, setting=setting)
             frame["rank_defaults"] = frame["defaults_mean"].rank(ascending=False, method="min")
             frame["rank_tuned"] = frame["tuned_mean"].rank(ascending=False, method="min")
@@ -68,7 +69,7 @@ def fair_tables(summaries: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(methods, ignore_index=True), pd.DataFrame(columns)
 
 
-def _method_row(method: str, runs: pd.DataFrame) -> dict:
+def _method_row(method: str, runs: pd.DataFrame, root: Path) -> dict:
     by_seed = {
         stage: runs[runs["stage"] == stage].dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]
         for stage in ("defaults", "seeds")
@@ -101,6 +102,21 @@ def _method_row(method: str, runs: pd.DataFrame) -> dict:
         "search_rounds": int(search["rounds_run"].sum()),
         "train_s": float(runs["time_s"].sum()),
         "tuned_accs": tuned,
+        **_budget_flags(method, runs[runs["stage"] == "seeds"], root),
+    }
+
+
+def _budget_flags(method: str, reruns: pd.DataFrame, root: Path) -> dict:
+    """Where the budget may have cut the method's search short (tuner/report/budget_flags.py): its tuned values at
+    their range's edge, and how many of its tuned reruns chose their last round."""
+    space = root / "spaces" / f"{method}.yaml"
+    search = (yaml.safe_load(space.read_text()) or {}).get("search", {}) if space.exists() else {}
+    first = reruns.iloc[0] if len(reruns) else pd.Series(dtype=object)
+    config = {k: first.get(k, first.get(f"hp_{k}")) for k in search}
+    return {
+        "at_edge": ", ".join(at_edge(search, config)),
+        "last_round": chose_last_round(reruns),
+        "reruns": len(reruns),
     }
 
 
@@ -199,6 +215,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
                 "search trials / rounds": [
                     f"{a} / {b}" for a, b in zip(t["search_trials"], t["search_rounds"], strict=True)
                 ],
+                "budget flags": [_flags(r) for r in t.itertuples()],
             }
         )
         seeds = sorted(set(t["seeds"]))
@@ -209,6 +226,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
         ]
         if col.own_first_tuned is not None:
             lines.append(_own_line(t, col))
+        lines += _budget_lines(t)
         lines += [f"Not run at this setting: {r.title}: {r.refused}" for r in refused.itertuples()]
         if not math.isnan(col.training_share):
             lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
@@ -226,6 +244,31 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
         "where it is below 0.05) and the Benjamini–Hochberg q (the false discovery rate).\n\n"
     )
     return note + "\n".join(parts)
+
+
+def _flags(row) -> str:
+    """A method's budget flags as its table cell: the settings at their range's edge, the reruns that chose their
+    last round."""
+    flags = [row.at_edge] if row.at_edge else []
+    flags += [f"last round {row.last_round}/{row.reruns}"] if row.last_round else []
+    return "; ".join(flags)
+
+
+def _budget_lines(t: pd.DataFrame) -> list[str]:
+    """What the budget flags say, once a table, with the advice each calls for."""
+    edged, reruns = t[t["at_edge"] != ""], int(t["reruns"].sum())
+    lines = []
+    if len(edged):
+        lines.append(
+            f"{len(edged)} of the {len(t)} methods have a tuned value at its range's edge (within "
+            f"{100 * EDGE:.0f} % of it, on its scale): the best may lie beyond; widen those ranges."
+        )
+    if t["last_round"].sum():
+        lines.append(
+            f"{int(t['last_round'].sum())} of the {reruns} tuned reruns chose their last round: they were still "
+            "improving; more rounds would show where they stop."
+        )
+    return lines
 
 
 def _own_line(t: pd.DataFrame, col) -> str:
