@@ -42,6 +42,8 @@ stop: {grace: 5, patience: 10, max_total_rounds: 200}
     assert space.search["lr"] == d.FloatDistribution(0.001, 0.1, log=True)
     assert space.search["local_epochs"] == d.IntDistribution(1, 5)
     assert space.sampler == "tpe" and space.samples == 10
+    # TPE models the space after a third of the trials, not after Optuna's default 10 (all of these)
+    assert space.make_sampler(0)._n_startup_trials == 3
     # honest by default: the sweep selects on a validation split it carves, never on test accuracy
     assert space.select == "val" and space.figure == "best_val_acc" and space.base_config().val_frac == 0.1
     assert (space.stop.grace, space.stop.rules) == (5, {"patience": 10, "max_total_rounds": 200})

@@ -151,7 +151,11 @@ def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_bac
         assert fair.at[method, "gain"] == pytest.approx(100 * gain.mean)
         searched = runs[(runs["method"] == method) & (runs["stage"] == "search")]
         tuned = yaml.safe_load((tmp_path / "results/tuned/digits-dir0.1-4c-mlp" / f"{method}.yaml").read_text())
-        assert tuned["provenance"]["rounds_trained"] == searched["rounds_run"].sum() == fair.at[method, "search_rounds"]
+        provenance = tuned["provenance"]
+        assert provenance["search_rounds_trained"] == searched["rounds_run"].sum() == fair.at[method, "search_rounds"]
+        chosen = searched.loc[searched[SCORE].idxmax()]
+        assert provenance["rounds_trained"] == chosen["rounds_run"] and provenance["comparison"] == "roster-tuned"
+        assert provenance["sampler"] == "tpe" and provenance["sampler_random_start"] == 2  # 3 trials: TPE from the 3rd
         assert sorted(tuned["provenance"]["seeds_test_acc"]) == sorted(by_seed["seeds"])
         assert tuned["settings"]["lr"] == searched.loc[searched[SCORE].idxmax(), "lr"]  # chosen by validation
     best = pd.read_parquet(top / "report" / "best.parquet").set_index("sweep")  # a best configuration a cell

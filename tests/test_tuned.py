@@ -294,8 +294,13 @@ def test_every_shipped_tuned_setting_says_where_it_came_from_and_one_runs(tmp_pa
     for path in shipped:
         data = yaml.safe_load(path.read_text())
         assert path.stem == data["method"] and path.parent.name == setting_name(data["settings"])
+        provenance = data["provenance"]
         for key in ("table", "space", "space_sha256", "sampler", "trials", "rounds_trained", "val_acc", "commit"):
-            assert data["provenance"][key] not in (None, ""), (path, key)
+            assert provenance[key] not in (None, ""), (path, key)
+        assert (
+            provenance["rounds_trained"] <= provenance["search_rounds_trained"] and provenance["sampler_random_start"]
+        )
+        assert "/" not in provenance["comparison"]  # its folder's name, not a path of the machine that ran it
         resolve_layers(data["method"], [(str(path), data["settings"])])  # a setting this checkout still takes
         own = family_settings(method_class(data["method"]))  # a variant's file is still that variant's
         assert all(data["settings"].get(k, v) == v for k, v in own.items()), (path, own)
@@ -525,3 +530,18 @@ def test_a_tuned_value_is_at_its_ranges_edge_within_5_percent_on_its_scale():
     }
     assert at_edge(search, {"lr": 0.0012, "epochs": 21, "mu": 0.5, "batch_size": 64}) == ["lr bottom", "epochs top"]
     assert at_edge(search, {"lr": 0.05, "epochs": 3, "mu": 0.96}) == ["mu top"]
+
+
+def test_the_tuned_page_calls_the_committed_searches_random_as_they_were():
+    """Both committed comparisons ran TPE with Optuna's 10 random trials first and fewer trials than that."""
+    page = " ".join((ROOT / "docs/tuned.md").read_text().split())
+    trials = {
+        name: yaml.safe_load((ROOT / "results/tuned-comparisons" / name / "comparison.yaml").read_text())["asked"]
+        for name in ("digits-roster", "fmnist-gpfl-table1")
+    }
+    assert all(a["sampler"] == "tpe" and a["trials"] < 10 for a in trials.values())
+    assert (
+        f"Optuna's default draws the first 10 trials at random, more than the {trials['digits-roster']['trials']} a "
+        f"method had here (and the {trials['fmnist-gpfl-table1']['trials']} of the Fashion-MNIST comparison below)"
+        in page
+    )

@@ -285,7 +285,8 @@ def best_by_cell(grid: Iterable[Any], spaces: dict, search: Path) -> dict[str, d
         found[key] = {
             "config": {k: v for k, v in best.config.items() if k != "cell"},
             "val_acc": best.metrics.get("best_val_acc"),
-            "rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
+            "rounds_trained": int(best.metrics.get("round", 0)),  # the chosen trial's
+            "search_rounds_trained": int(sum(r.metrics.get("round", 0) for r in mine)),
         }
     return found
 
@@ -310,6 +311,8 @@ def write_tuned_cell(
     cell: dict, best: dict, grid: Iterable[Any], asked: dict, source: Path, top: Path, tuned_dir: Path
 ) -> None:
     """The cell's tuned settings file, with where they came from and what its seeds scored."""
+    from tuner.sweep.space import tpe_startup
+
     common = asked["settings"]
     cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])
     tuned = {
@@ -328,16 +331,18 @@ def write_tuned_cell(
         "space_sha256": file_hash(source),
         "sampler": asked["sampler"],
         "sampler_seed": cfg.seed,
+        **({"sampler_random_start": tpe_startup(asked["trials"])} if asked["sampler"] == "tpe" else {}),
         "trials": asked["trials"],
         "rounds": asked["rounds"],
         "grace": asked["grace"],
         "patience": asked["patience"],
         "rounds_trained": best["rounds_trained"],
+        "search_rounds_trained": best["search_rounds_trained"],
         "selected_by": "val",
         "val_acc": best["val_acc"],
         "seeds": asked["seeds"],
         "seeds_test_acc": accs,
-        "comparison": str(top),
+        "comparison": top.name,  # its folder: never a path of the machine that ran it
         "commit": checkout_commit(),
     }
     write_tuned(tuned_dir, cfg.method, {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned}, provenance)
