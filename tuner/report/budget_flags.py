@@ -1,6 +1,7 @@
-"""Where a tuned comparison's budget may have cut the search short: a tuned value at its range's edge (the best may
-lie beyond it: widen the range) and a tuned rerun that chose its last round (it was still improving: give it more
-rounds). The fair table marks both (tuner/report/fair.py)."""
+"""Where a tuned comparison's budget may have cut the search short or been spent unequally: a tuned value at its
+range's edge (the best may lie beyond it: widen the range), a tuned rerun that chose its last round (it was still
+improving: give it more rounds), a search over the local work (its trials' local steps vary where the others'
+do not). The fair table marks them (tuner/report/fair.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 EDGE = 0.05  # a value within this share of its range, on its scale, of either end is at the edge
 NUMBERS = ("uniform", "loguniform", "int")  # a categorical or grid choice has no edge to lie beyond
+LOCAL_WORK = ("local_epochs", "batch_size")  # the settings that change how many local steps a trial takes
 
 
 def at_edge(search: dict[str, Any], config: dict[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from tuner.report.budget_flags import EDGE, at_edge, chose_last_round
+from tuner.report.budget_flags import EDGE, LOCAL_WORK, at_edge, chose_last_round
 from tuner.report.intervals import Difference, benjamini_hochberg, difference, holm
 from tuner.settings import papers
 from tuner.settings.tuned_files import DATA_SETTINGS, setting_name
@@ -114,6 +114,8 @@ def _budget_flags(method: str, reruns: pd.DataFrame, root: Path) -> dict:
     first = reruns.iloc[0] if len(reruns) else pd.Series(dtype=object)
     config = {k: first.get(k, first.get(f"hp_{k}")) for k in search}
     return {
+        # a search over local epochs or batch size varies each trial's local steps; the others' trials train alike
+        "searched_local_work": ", ".join(k for k in LOCAL_WORK if k in search),
         "at_edge": ", ".join(at_edge(search, config)),
         "last_round": chose_last_round(reruns),
         "reruns": len(reruns),
@@ -262,6 +264,13 @@ def _budget_lines(t: pd.DataFrame) -> list[str]:
         lines.append(
             f"{len(edged)} of the {len(t)} methods have a tuned value at its range's edge (within "
             f"{100 * EDGE:.0f} % of it, on its scale): the best may lie beyond; widen those ranges."
+        )
+    varied = t[t["searched_local_work"] != ""]
+    if len(varied):
+        lines.append(
+            f"Unequal compute a trial: {', '.join(varied['title'])} searched their local work "
+            f"({', '.join(sorted(set(', '.join(varied['searched_local_work']).split(', '))))}), so their trials' "
+            f"local steps vary; the other {len(t) - len(varied)} train the paper's at every trial."
         )
     if t["last_round"].sum():
         lines.append(
