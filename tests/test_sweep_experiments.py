@@ -96,6 +96,39 @@ def test_reproduce_runs_every_cell_with_seeds_and_prints_the_table(tmp_path, ray
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_a_tuned_comparison_of_two_searches_a_method_reruns_each_ones_best_and_holds_both_in_the_gain(
+    tmp_path, ray_local, monkeypatch
+):
+    """--searches 2: FedAvg searched twice (seeds 0 and 1, each trying the paper's lr first), each search's best
+    rerun on seeds 2 and 3 beside the defaults (a configuration both found, once), the tuned file the better search's
+    by validation, the fair row over both searches."""
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "roster", "--tune", "--method", "fedavg", "--trials", "2", "--searches", "2", "--seeds", "2"]
+    args += ["--rounds", "2", "--grace", "1", "--storage", "runs", "--set", "dataset=digits", "--set", "clients=4"]
+    res = CliRunner().invoke(app, [*args, "--space-dir", str(Path(__file__).resolve().parents[1] / "search_spaces")])
+    assert res.exit_code == 0, res.output
+    top = tmp_path / "runs" / "roster-tuned"
+    searched = [t["params"] for t in trials(top / "search")]
+    paper = resolve_layers("fedavg", [("test", {"dataset": "digits", "clients": 4})]).lr
+    by_search = {s: [p for p in searched if p["cell"]["seed"] == s] for s in (0, 1)}
+    assert all(len(mine) == 2 and mine[0]["lr"] == paper for mine in by_search.values())
+    record = yaml.safe_load((top / "comparison.yaml").read_text())
+    found = {json.loads(k)["seed"]: v for k, v in record["best"].items()}
+    assert sorted(found) == [0, 1] and record["asked"]["searches"] == 2 and record["asked"]["seeds"] == [2, 3]
+    configs = {json.dumps(v["config"], sort_keys=True) for v in found.values()}
+    reruns = [t["params"] for t in trials(top / "seeds")]
+    assert sorted(p["seed"] for p in reruns) == sorted([2, 3] * len(configs))  # one configuration found twice: once
+    assert sorted(p["seed"] for p in [t["params"] for t in trials(top / "defaults")]) == [2, 3]
+    tuned = yaml.safe_load((tmp_path / "results/tuned/digits-dir0.1-4c-mlp/fedavg.yaml").read_text())
+    chosen = max((0, 1), key=lambda s: found[s]["val_acc"])  # the first of equals
+    assert tuned["provenance"]["searches"] == 2 and tuned["provenance"]["sampler_seed"] == chosen
+    assert tuned["settings"]["lr"] == found[chosen]["config"]["lr"]
+    fair = pd.read_parquet(top / "report" / "fair.parquet").iloc[0]
+    assert fair["searches"] == 2 and fair["seeds"] == 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_tuned_comparison_runs_searches_reruns_and_writes_what_a_run_takes_back(tmp_path, ray_local, monkeypatch):
     monkeypatch.chdir(tmp_path)
     command = [

@@ -545,3 +545,57 @@ def test_the_tuned_page_calls_the_committed_searches_random_as_they_were():
         f"method had here (and the {trials['fmnist-gpfl-table1']['trials']} of the Fashion-MNIST comparison below)"
         in page
     )
+
+
+def test_several_searches_a_method_put_the_searches_chance_in_the_gains_interval(tmp_path):
+    """Two searches of FedAvg found lr 0.01 and 0.02; each was rerun on seeds 2-4 beside the defaults. The gain is
+    every rerun against its seed's defaults, its interval the crossed bootstrap over searches and seeds."""
+    from tuner.report.fair import fair_markdown, fair_tables
+    from tuner.report.intervals import crossed_bootstrap
+
+    root = tmp_path / "roster-tuned"
+    (root / "defaults").mkdir(parents=True)
+    cell = {"clients": 20, "dataset": "digits", "join_ratio": "1", "method": "fedavg", "protocol": "pfllib"}
+    best = {json.dumps({**cell, "seed": s}, sort_keys=True): {"config": {"lr": lr}} for s, lr in ((0, 0.01), (1, 0.02))}
+    record = {"asked": {"table": "roster", "searches": 2}, "best": best, "wall_s": 10, "slots": 1}
+    (root / "comparison.yaml").write_text(yaml.safe_dump(record))
+    defaults, tuned = [0.60, 0.62, 0.61], {0.01: [0.70, 0.71, 0.69], 0.02: [0.64, 0.66, 0.65]}
+    rows = [dict(stage="defaults", seed=2 + i, lr=0.005, selected_acc=a) for i, a in enumerate(defaults)]
+    rows += [
+        dict(stage="seeds", seed=2 + i, lr=lr, selected_acc=a) for lr, accs in tuned.items() for i, a in enumerate(accs)
+    ]
+    frame = pd.DataFrame(rows).assign(
+        experiment=lambda d: [str(root / s) for s in d["stage"]],
+        method="fedavg",
+        title="FedAvg",
+        dataset="digits",
+        partition="dir:0.1",
+        clients=20,
+        join_ratio="1",
+        backbone="mlp",
+        rounds_run=5,
+        rounds_planned=5,
+        val_round=3,
+        time_s=1.0,
+        failed="",
+    )
+    methods, columns = fair_tables(frame)
+    row = methods.iloc[0]
+    gains = [[t - d for t, d in zip(tuned[lr], defaults, strict=True)] for lr in (0.01, 0.02)]
+    expected = crossed_bootstrap(gains)
+    assert row["searches"] == 2 and row["seeds"] == 3
+    assert (row["gain"], row["gain_low"], row["gain_high"], row["gain_p"]) == pytest.approx(
+        (100 * expected.mean, 100 * expected.low, 100 * expected.high, expected.p)
+    )
+    assert row["gain_low"] - 1e-9 <= 100 * (0.65 - 0.61) < 100 * (0.70 - 0.61) <= row["gain_high"] + 1e-9  # both in
+    assert row["tuned_mean"] == pytest.approx(100 * (sum(tuned[0.01]) + sum(tuned[0.02])) / 6)
+    assert "2 searches a method, each one's best rerun on the seeds" in fair_markdown(methods, columns)
+
+
+def test_the_crossed_bootstrap_resamples_searches_and_seeds():
+    from tuner.report.intervals import crossed_bootstrap
+
+    alike = crossed_bootstrap([[0.05, 0.05, 0.05], [0.05, 0.05, 0.05]])
+    assert (alike.mean, alike.low, alike.high) == pytest.approx((0.05, 0.05, 0.05)) and alike.p == 0
+    apart = crossed_bootstrap([[0.10, 0.10, 0.10], [-0.10, -0.10, -0.10]])  # the searches disagree: the seeds do not
+    assert apart.low == pytest.approx(-0.10) and apart.high == pytest.approx(0.10) and apart.p > 0.5

@@ -220,6 +220,11 @@ def reproduce(
         False, help="Tune every method at the same budget, then rerun best and defaults on fresh seeds (below)."
     ),
     trials: int = typer.Option(20, help="With --tune: trials of each method's search."),
+    searches: int = typer.Option(
+        1,
+        help="With --tune: independent searches of each method (their own sampler and run seeds), each one's best "
+        "rerun on the seeds, so the gain's interval holds the search's chance too.",
+    ),
     space_dir: Path = typer.Option(
         Path("search_spaces"), callback=absolute, help="With --tune: where each method's space file is (METHOD.yaml)."
     ),
@@ -242,6 +247,7 @@ def reproduce(
     at_least("--rounds", rounds, 1)
     at_least("--patience", patience, 1)
     at_least("--trials", trials, 1)
+    at_least("--searches", searches, 1)
     at_least("--grace", grace, 1)
     res = Resources(
         cpus_per_trial=cpus_per_trial,
@@ -268,6 +274,7 @@ def reproduce(
             grace=grace,
             tuned_dir=tuned_dir,
             resume=resume,
+            searches=searches,
             **common,
         )
     else:

@@ -110,8 +110,11 @@ def reproduce_tuned(
     settings: dict | None = None,
     tuned_dir: Path,
     resume: bool = False,
+    searches: int = 1,
 ) -> tuple[Path, list[str]]:
-    """Tune every runnable cell of `table` at one budget; returns the comparison's folder and what was left out."""
+    """Tune every runnable cell of `table` at one budget, `searches` independent searches a cell (each its own
+    sampler and run seed; each one's best rerun on the seeds); returns the comparison's folder and what was left
+    out."""
     settings = absolute_settings(settings or {})
     todo, skipped = cells(table, datasets, methods, settings.get("data_dir"), settings)
     if not todo:
@@ -121,7 +124,8 @@ def reproduce_tuned(
     if grace > rounds:
         raise UserError(f"--grace ({grace}) exceeds the runs' {rounds} rounds.")
     common = {"rounds": rounds, "val_frac": VAL_FRAC, **settings}
-    first = int(common.get("seed", 0)) + 1  # the searches run the settings' seed; the reruns the next ones
+    base = int(common.get("seed", 0))
+    first = base + searches  # the searches run the settings' seed and the next ones; the reruns those after
     asked = {
         "table": table,
         "trials": trials,
@@ -132,8 +136,10 @@ def reproduce_tuned(
         "patience": patience,
         "space_dir": str(space_dir),
         "settings": common,
+        **({"searches": searches} if searches > 1 else {}),  # a comparison of one search reads as it always did
     }
     sources = {c["method"]: space_file(c["method"], space_dir) for c in todo}  # all found before anything runs
+    searched = [c if searches == 1 else {**c, "seed": base + r} for c in todo for r in range(searches)]
     folder = Path(storage) / f"{table}-tuned"
     with holding(folder, "comparison", "choose another --storage", COMPARISON_FILE, resume, res) as top:
         record = Record.resumed(top / COMPARISON_FILE, asked, res)
@@ -142,19 +148,24 @@ def reproduce_tuned(
                 run_stage(top, defaults_stage(asked, todo), res, tune_can_restore(top / DEFAULTS_STAGE))
                 record.finished(DEFAULTS_STAGE)
             spaces = {
-                cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in todo
+                cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in searched
             }
             if "search" not in record.done:
-                stage = search_stage(asked, todo, spaces)
+                stage = search_stage(asked, searched, spaces)
                 grid = run_stage(top, stage, res, tune_can_restore(top / "search"))
                 record.found.update(best_by_cell(grid, spaces, top / "search"))
                 record.finished("search")
-            tuned_cells = [c for c in todo if "config" in record.found[cell_key(c)]]
+            found = {cell_key(c): searches_found(c, searched, record.found) for c in todo}
+            tuned_cells = [c for c in todo if found[cell_key(c)]]
             if "seeds" not in record.done and tuned_cells:
-                stage = seeds_stage(asked, [{**c, **record.found[cell_key(c)]["config"]} for c in tuned_cells])
-                grid = run_stage(top, stage, res, tune_can_restore(top / "seeds"))
+                # each search's best, a configuration found twice rerun once
+                reruns = {
+                    cell_key(r): r for c in tuned_cells for _, b in found[cell_key(c)] for r in [{**c, **b["config"]}]
+                }
+                grid = run_stage(top, seeds_stage(asked, list(reruns.values())), res, tune_can_restore(top / "seeds"))
                 for c in tuned_cells:
-                    write_tuned_cell(c, record.found[cell_key(c)], grid, asked, sources[c["method"]], top, tuned_dir)
+                    search, best = max(found[cell_key(c)], key=lambda f: f[1]["val_acc"] or 0)  # the first of equals
+                    write_tuned_cell(c, search, best, grid, asked, sources[c["method"]], top, tuned_dir)
                 record.finished("seeds")
         finally:
             record.note()
@@ -291,6 +302,13 @@ def best_by_cell(grid: Iterable[Any], spaces: dict, search: Path) -> dict[str, d
     return found
 
 
+def searches_found(cell: dict, searched: list[dict], found: dict[str, dict]) -> list[tuple[dict, dict]]:
+    """The cell's searches (its search cells: the cell, with a seed where there are several) that found a best
+    configuration, each with what it found, in the order they ran."""
+    mine = [s for s in searched if {k: v for k, v in s.items() if k != "seed"} == cell]
+    return [(s, found[cell_key(s)]) for s in mine if "config" in found.get(cell_key(s), {})]
+
+
 def seeds_stage(asked: dict, tuned: list[dict]) -> Stage:
     """Every tuned cell's best configuration on the comparison's seeds."""
     from ray import tune
@@ -308,13 +326,14 @@ def seeds_stage(asked: dict, tuned: list[dict]) -> Stage:
 
 
 def write_tuned_cell(
-    cell: dict, best: dict, grid: Iterable[Any], asked: dict, source: Path, top: Path, tuned_dir: Path
+    cell: dict, search: dict, best: dict, grid: Iterable[Any], asked: dict, source: Path, top: Path, tuned_dir: Path
 ) -> None:
-    """The cell's tuned settings file, with where they came from and what its seeds scored."""
+    """The cell's tuned settings file (the best of its searches by validation: `search`, its search cell, found
+    `best`), with where they came from and what its seeds scored."""
     from tuner.sweep.space import tpe_startup
 
     common = asked["settings"]
-    cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **cell})])
+    cfg = resolve_layers(cell["method"], [("the comparison's settings", {**common, **search})])
     tuned = {
         k: v
         for k, v in {**common, **cell, **best["config"]}.items()
@@ -323,7 +342,7 @@ def write_tuned_cell(
     accs = [
         r.metrics.get("selected_acc")
         for r in grid
-        if r.metrics and r.error is None and r.config["tuned"]["method"] == cell["method"]
+        if r.metrics and r.error is None and r.config["tuned"] == {**cell, **best["config"]}
     ]
     provenance = {
         "table": asked["table"],
@@ -333,6 +352,7 @@ def write_tuned_cell(
         "sampler_seed": cfg.seed,
         **({"sampler_random_start": tpe_startup(asked["trials"])} if asked["sampler"] == "tpe" else {}),
         "trials": asked["trials"],
+        "searches": asked.get("searches", 1),
         "rounds": asked["rounds"],
         "grace": asked["grace"],
         "patience": asked["patience"],
