@@ -139,7 +139,7 @@ def test_a_run_that_diverges_in_a_pack_says_what_it_says_alone_and_the_others_go
 
 def test_the_packing_figures_in_the_docs_are_the_committed_benchs():
     """README's and docs/performance.md's figures of packs are results/bench/packing-digits.json's, and --pack auto
-    packs nothing on a CPU while a packed sweep measured there is slower than today's."""
+    packs nothing on a CPU while no packed sweep measured there beat today's."""
     import json
     from pathlib import Path
 
@@ -150,19 +150,23 @@ def test_the_packing_figures_in_the_docs_are_the_committed_benchs():
     f, sweep = run["figures"], run["figures"]["sweep"]
     assert run["machine"].startswith("CPU") and run["command"].startswith("python bench/packing.py")
     performance = " ".join((root / "docs/performance.md").read_text().split())
-    for method in ("fedavg", "gpfl"):
-        g = [f"{f['digits'][method][f'P={p}']['gain']:.2f}" for p in (2, 4, 8, 16)]
-        assert f"{g[0]}, {g[1]}, {g[2]} and {g[3]}×" in performance
+    for setting in ("digits", "digits one core"):
+        for method in ("fedavg", "gpfl"):
+            g = [f"{f[setting][method][f'P={p}']['gain']:.2f}" for p in (2, 4, 8, 16)]
+            assert f"{g[0]}, {g[1]}, {g[2]} and {g[3]}×" in performance, (setting, method, g)
     assert (
         f"FedAvg {f['table1']['fedavg']['P=8']['gain']:.2f}× and GPFL {f['table1']['gpfl']['P=8']['gain']:.2f}×"
         in performance
     )
-    assert (
-        f"took {sweep['today s']:.1f} s today" in performance
-        and f"{sweep['packed s']:.1f} s in one pack of 16" in performance
-    )
-    assert f"`sweep_speedup` {f['sweep_speedup']:.2f}" in performance
+    packs = [sweep[f"pack {p}"] for p in (4, 8, 16)]
+    assert f"took {sweep['today']['s']:.1f} s today" in performance
+    assert f"{packs[0]['s']:.1f}, {packs[1]['s']:.1f} and {packs[2]['s']:.1f} s in packs of 4, 8 and 16" in performance
+    first = [sweep["today"]["first round reported s"][0], *[p["first round reported s"][0] for p in packs]]
+    assert "first round reported at {:.1f} s today, {:.1f}, {:.1f} and {:.1f} s packed".format(*first) in performance
+    best = f"`sweep_speedup` {f['sweep_speedup']:.2f} (packs of {f['sweep_speedup_pack']})"
+    assert best in performance
     readme = " ".join((root / "README.md").read_text().split())
     assert f"made {f['digits']['fedavg']['P=8']['gain']:.2f}× one run's" in readme
+    assert f"{f['digits one core']['fedavg']['P=8']['gain']:.2f}× on one core" in readme
     assert f"ran at {f['sweep_speedup']:.2f}× today's" in readme
-    assert AUTO_PACK["cpu"] == (1 if f["sweep_speedup"] < 1 else sweep["pack"])
+    assert AUTO_PACK["cpu"] == 1 and f["sweep_speedup"] < 3  # the target a packed CPU sweep does not reach
