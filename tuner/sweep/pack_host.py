@@ -25,8 +25,9 @@ from tuner.settings.config import RunPlan, resolve_layers
 
 GATHER_S = 2.0  # how long a pack waits for a trial it holds at its round: far above a round's report to Tune
 START_S = 5.0  # trials at their first round wait for more to join until none has for this long (or the pack is full)
-# --pack auto by device: on a CPU a packed sweep ran slower than today's (results/bench/packing-digits.json,
-# sweep_speedup 0.47), so auto packs nothing there; on a GPU 8, not yet measured (bench/packing.py --device cuda)
+# --pack auto by device: on a CPU a pack gains about nothing a core and a packed sweep ran slower than today's
+# (results/bench/packing-digits.json, docs/performance.md "Packs"), so auto packs nothing there; on a GPU 8, not yet
+# measured (bench/packing.py --device cuda)
 AUTO_PACK = {"cpu": 1, "cuda": 8}
 PACK_TRIAL_CPUS = 0.05  # what a trial of a packed sweep asks for: it waits on its host, which computes
 
