@@ -624,3 +624,18 @@ def test_the_ranges_the_digits_comparison_hit_are_widened_in_the_shipped_spaces(
             widened.add(f"{source}.yaml")
     page = " ".join((ROOT / "docs/tuned.md").read_text().split())
     assert f"widened in the {len(widened)} shipped space files it was searched from" in page and len(widened) == 14
+
+
+def test_the_tuned_pages_sampler_comparison_is_the_committed_bench():
+    bench = json.loads((ROOT / "results/bench/samplers-digits.json").read_text())
+    f = bench["figures"]
+    setting, val, test = f["setting"], f["tpe_minus_random best_val_acc"], f["tpe_minus_random selected_acc"]
+    assert bench["command"].startswith("python bench/samplers.py --method ditto --seeds 0 1 2 3 4")
+    page = " ".join((ROOT / "docs/tuned.md").read_text().split())
+    assert f"{setting['trials']} trials each" in page and f"TPE drew {setting['tpe_random_start']} at random" in page
+    assert (
+        f"{100 * val['mean']:+.2f} points of the best validation accuracy (95 % interval −{-100 * val['low']:.2f} to "
+        f"+{100 * val['high']:.2f}) and −{-100 * test['mean']:.2f} points of the test accuracy at the chosen round "
+        f"(−{-100 * test['low']:.2f} to +{100 * test['high']:.2f})" in page
+    )
+    assert val["low"] < 0 < val["high"] and test["low"] < 0 < test["high"]  # "not distinguishable"
