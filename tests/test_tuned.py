@@ -149,7 +149,7 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
     assert col["own_method"] == "gpfl" and not col["own_first_defaults"] and col["own_first_tuned"]
     assert col["kendall_tau"] == pytest.approx(1 / 3)
     # against every other method, Holm over them (a family of 2)
-    vs = {m: difference([0.86, 0.87, 0.85], by.at[m, "tuned_accs"], paired=True) for m in ("fedavg", "local")}
+    vs = {m: difference([0.86, 0.87, 0.85], list(by.at[m, "tuned_accs"][0]), paired=True) for m in ("fedavg", "local")}
     assert by.at["local", "own_minus"] == pytest.approx(100 * vs["local"].mean)
     assert list(methods.set_index("method").loc[["fedavg", "local"], "own_p_holm"]) == pytest.approx(
         holm([vs["fedavg"].p, vs["local"].p])
@@ -599,6 +599,9 @@ def test_the_crossed_bootstrap_resamples_searches_and_seeds():
     assert (alike.mean, alike.low, alike.high) == pytest.approx((0.05, 0.05, 0.05)) and alike.p == 0
     apart = crossed_bootstrap([[0.10, 0.10, 0.10], [-0.10, -0.10, -0.10]])  # the searches disagree: the seeds do not
     assert apart.low == pytest.approx(-0.10) and apart.high == pytest.approx(0.10) and apart.p > 0.5
+    # two methods on the same seeds: the seeds are resampled once for both, so a constant lead has no spread
+    ahead = crossed_bootstrap([[0.90, 0.80, 0.85]], [[0.80, 0.70, 0.75]])
+    assert (ahead.mean, ahead.low, ahead.high, ahead.p) == pytest.approx((0.10, 0.10, 0.10, 0.0))
 
 
 def test_the_ranges_the_digits_comparison_hit_are_widened_in_the_shipped_spaces():

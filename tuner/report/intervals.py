@@ -49,21 +49,33 @@ def difference(a: Sequence[float], b: Sequence[float], paired: bool = False, lev
     return Difference(mean, mean - half, mean + half, float(p))
 
 
-def crossed_bootstrap(gains: Sequence[Sequence[float]], draws: int = 10_000, level: float = 0.95) -> Difference:
-    """The mean gain of a method tuned by several independent searches (rows), each search's best rerun on the same
-    seeds (columns, each paired with its defaults run), with an interval that holds both chances: the searches and
-    the seeds resampled with replacement, independently, as the design crosses them (a hierarchical bootstrap). The
-    interval is the draws' percentile one; p, two-sided, is twice the share of draws on the far side of 0."""
+def crossed_bootstrap(
+    a: Sequence[Sequence[float]],
+    b: Sequence[Sequence[float]] | None = None,
+    draws: int = 10_000,
+    level: float = 0.95,
+) -> Difference:
+    """mean(a) − mean(b) where each is runs of searches (rows) on the same seeds (columns), with an interval that
+    holds every chance the design has: each side's searches resampled with replacement, apart, and the seeds
+    resampled once for both, as they are shared (a hierarchical bootstrap; without `b`, `a` holds paired gains, one
+    row a search). The interval is the draws' percentile one; p, two-sided, twice the share of draws on the far side
+    of 0."""
     import numpy as np
 
-    g = np.asarray(gains, dtype=float)
     rng = np.random.default_rng(0)  # the interval of a given table is one number, whoever recomputes it
-    rows = rng.integers(0, g.shape[0], size=(draws, g.shape[0]))
-    cols = rng.integers(0, g.shape[1], size=(draws, g.shape[1]))
-    means = np.array([g[np.ix_(r, c)].mean() for r, c in zip(rows, cols, strict=True)])
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    p = min(1.0, 2 * min(float((means <= 0).mean()), float((means >= 0).mean())))
-    return Difference(float(g.mean()), float(low), float(high), p)
+    sides = [np.asarray(m, dtype=float) for m in ([a] if b is None else [a, b])]
+    seeds = sides[0].shape[1]
+    cols = rng.integers(0, seeds, size=(draws, seeds))
+    rows = [rng.integers(0, m.shape[0], size=(draws, m.shape[0])) for m in sides]
+    means = [
+        np.array([m[np.ix_(r, c)].mean() for r, c in zip(rs, cols, strict=True)])
+        for m, rs in zip(sides, rows, strict=True)
+    ]
+    diff = means[0] - (means[1] if b is not None else 0)
+    low, high = np.quantile(diff, [(1 - level) / 2, (1 + level) / 2])
+    p = min(1.0, 2 * min(float((diff <= 0).mean()), float((diff >= 0).mean())))
+    mean = float(sides[0].mean() - (sides[1].mean() if b is not None else 0))
+    return Difference(mean, float(low), float(high), p)
 
 
 def holm(ps: Sequence[float]) -> list[float]:

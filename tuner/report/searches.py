@@ -36,14 +36,13 @@ def reruns_of(config: dict, reruns: pd.DataFrame) -> pd.Series:
     return reruns[kept].dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]
 
 
-def gain_over_searches(defaults: pd.Series, tuned: list[pd.Series]) -> tuple[list[int], list[float], Difference]:
-    """(the seeds every search's reruns and the defaults share, the tuned accuracy a seed averaged over the searches,
-    the gain: every search's rerun minus the defaults run of its seed, searches and seeds resampled)."""
+def gain_over_searches(defaults: pd.Series, tuned: list[pd.Series]) -> tuple[list[int], Difference]:
+    """(the seeds every search's reruns and the defaults share, the gain: every search's rerun minus the defaults run
+    of its seed, searches and seeds resampled)."""
     seeds = sorted(set(defaults.index).intersection(*[set(t.index) for t in tuned]))
     gains = [[t.loc[s] - defaults.loc[s] for s in seeds] for t in tuned]
-    per_seed = [sum(t.loc[s] for t in tuned) / len(tuned) for s in seeds]
     gain = crossed_bootstrap(gains) if len(seeds) > 1 else Difference(math.nan, math.nan, math.nan, math.nan)
-    return seeds, per_seed, gain
+    return seeds, gain
 
 
 def _same(value, want) -> bool:
