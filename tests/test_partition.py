@@ -40,6 +40,29 @@ def test_validation_is_carved_from_train():
         assert len(te) == 375  # 1500 per client, 25 %
 
 
+def test_another_validation_draw_keeps_the_partition_and_its_sizes_and_changes_only_which_samples_validate():
+    """val_seed: another draw of each client's validation samples from the same training part (what a tuned
+    comparison's second and third searches validate on); None keeps the carve, and the cache key, as they were."""
+    base = spec("dir", 0.5, val_frac=0.2)
+    carved = partition(LABELS, 10, base)
+    drawn = [partition(LABELS, 10, spec("dir", 0.5, val_frac=0.2, val_seed=s)) for s in (1, 2)]
+    for d in drawn:
+        for i in range(20):
+            assert np.array_equal(d.test[i], carved.test[i]) and len(d.val[i]) == len(carved.val[i])
+            assert np.array_equal(
+                np.sort(np.concatenate([d.train[i], d.val[i]])),
+                np.sort(np.concatenate([carved.train[i], carved.val[i]])),
+            )
+            assert not set(d.val[i]) & set(d.train[i])
+        assert any(not np.array_equal(d.val[i], carved.val[i]) for i in range(20))
+    assert any(not np.array_equal(drawn[0].val[i], drawn[1].val[i]) for i in range(20))
+    assert base.key("x", 1) == spec("dir", 0.5, val_frac=0.2, val_seed=None).key("x", 1) != drawn_key(1)
+
+
+def drawn_key(val_seed):
+    return spec("dir", 0.5, val_frac=0.2, val_seed=val_seed).key("x", 1)
+
+
 def test_pathological_gives_exactly_n_classes_per_client():
     for n in (1, 2, 3):
         p = partition(LABELS, 10, spec("pat", n))
@@ -178,3 +201,10 @@ def test_a_partition_kind_registered_in_partition_py_alone_runs_and_is_refused_o
     assert [len(t) + len(e) for t, e in zip(split.train, split.test, strict=True)] == [100] * 4
     first = np.concatenate([split.train[0], split.test[0]])
     assert set(np.repeat(np.arange(10), 40)[first]) == {0, 1, 2}  # the first block: the lowest labels
+
+
+def test_a_validation_draw_without_a_validation_split_is_one_sentence():
+    from tuner.settings.config import resolve_layers
+
+    with pytest.raises(UserError, match=r"val_seed \(1\) draws the validation split: .* with val_frac above 0"):
+        resolve_layers("fedavg", [("test", {"dataset": "digits", "val_seed": 1})])

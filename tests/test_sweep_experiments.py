@@ -111,6 +111,7 @@ def test_a_tuned_comparison_of_two_searches_a_method_reruns_each_ones_best_and_h
     searched = [t["params"] for t in trials(top / "search")]
     paper = resolve_layers("fedavg", [("test", {"dataset": "digits", "clients": 4})]).lr
     by_search = {s: [p for p in searched if p["cell"]["seed"] == s] for s in (0, 1)}
+    assert {p["cell"].get("val_seed") for p in searched} == {None, 1}  # the second search, its own validation draw
     assert all(len(mine) == 2 and mine[0]["lr"] == paper for mine in by_search.values())
     record = yaml.safe_load((top / "comparison.yaml").read_text())
     found = {json.loads(k)["seed"]: v for k, v in record["best"].items()}

@@ -50,6 +50,7 @@ def partition_spec(cfg: RunPlan, ds: Dataset) -> PartitionSpec:
         seed=cfg.partition_seed,
         train_frac=cfg.train_frac,
         val_frac=cfg.val_frac,
+        val_seed=cfg.val_seed,
         min_samples=min_samples,
         balance=cfg.balance,
         groups=cfg.groups,

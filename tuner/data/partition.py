@@ -41,9 +41,11 @@ class PartitionSpec:
     groups: int = 5  # client i belongs to group i mod groups (pac, shifts)
     pac_train: int = 600
     pac_test: int = 600
+    val_seed: int | None = None  # None: each client's last val_frac of its training part; a number: another draw
 
     def key(self, dataset: str, n_samples: int) -> str:
-        blob = json.dumps({"dataset": dataset, "n": n_samples, **asdict(self)}, sort_keys=True)
+        fields = {k: v for k, v in asdict(self).items() if not (k == "val_seed" and v is None)}  # earlier keys kept
+        blob = json.dumps({"dataset": dataset, "n": n_samples, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -122,8 +124,15 @@ def partition(
     val = []
     for i, idx in enumerate(train):
         n_val = int(round(spec.val_frac * len(idx)))
-        val.append(idx[len(idx) - n_val :])
-        train[i] = idx[: len(idx) - n_val]
+        if spec.val_seed is None:
+            val.append(idx[len(idx) - n_val :])
+            train[i] = idx[: len(idx) - n_val]
+            continue
+        # another validation draw from the same training part (the partition, test split and sizes unchanged), the
+        # rest kept in its order
+        drawn = np.sort(np.random.default_rng([spec.seed, spec.val_seed, i]).choice(len(idx), n_val, replace=False))
+        val.append(idx[drawn])
+        train[i] = np.delete(idx, drawn)
     result = Partition(train, test, val, group, kept if spec.kind == "natural" else None)
     if dataset:
         _save(path, result)

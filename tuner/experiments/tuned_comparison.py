@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 DEFAULTS_STAGE = "defaults"
 VAL_FRAC = 0.1  # the validation split that selects, where the settings name none
+SEARCH_DRAWS = ("seed", "val_seed")  # what sets a method's searches apart from each other (--searches)
 
 
 def space_file(method: str, space_dir: Path) -> Path:
@@ -139,7 +140,7 @@ def reproduce_tuned(
         **({"searches": searches} if searches > 1 else {}),  # a comparison of one search reads as it always did
     }
     sources = {c["method"]: space_file(c["method"], space_dir) for c in todo}  # all found before anything runs
-    searched = [c if searches == 1 else {**c, "seed": base + r} for c in todo for r in range(searches)]
+    searched = search_cells(todo, base, searches)
     folder = Path(storage) / f"{table}-tuned"
     with holding(folder, "comparison", "choose another --storage", COMPARISON_FILE, resume, res) as top:
         record = Record.resumed(top / COMPARISON_FILE, asked, res)
@@ -302,10 +303,18 @@ def best_by_cell(grid: Iterable[Any], spaces: dict, search: Path) -> dict[str, d
     return found
 
 
+def search_cells(todo: list[dict], base: int, searches: int) -> list[dict]:
+    """Each cell's searches: the cell itself where there is one; else search r with its own sampler and run seed
+    (base + r) and, past the first, its own draw of the validation samples (val_seed r)."""
+    if searches == 1:
+        return todo
+    return [{**c, "seed": base + r, **({"val_seed": r} if r else {})} for c in todo for r in range(searches)]
+
+
 def searches_found(cell: dict, searched: list[dict], found: dict[str, dict]) -> list[tuple[dict, dict]]:
-    """The cell's searches (its search cells: the cell, with a seed where there are several) that found a best
+    """The cell's searches (its search cells: the cell, with its draws where there are several) that found a best
     configuration, each with what it found, in the order they ran."""
-    mine = [s for s in searched if {k: v for k, v in s.items() if k != "seed"} == cell]
+    mine = [s for s in searched if {k: v for k, v in s.items() if k not in SEARCH_DRAWS} == cell]
     return [(s, found[cell_key(s)]) for s in mine if "config" in found.get(cell_key(s), {})]
 
 

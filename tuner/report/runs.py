@@ -33,6 +33,7 @@ RUN_ENVIRONMENT = ("device", "torch", "commit")  # a `tuner run`'s, from its env
 NOT_CONFIGURATION = (
     "seed",
     "partition_seed",
+    "val_seed",
     "executor",
     "device",
     "cohort_chunk",

@@ -80,6 +80,7 @@ class RunConfig:
     eval_gap: int = 1
     train_frac: float = 0.75
     val_frac: float = 0.0  # validation carved from each client's training part
+    val_seed: int | None = None  # None: the partition's own carve; a number: another draw of the same size
     min_samples: int | None = None  # None: min(10/(1-train_frac), samples/clients/2), PFLlib's generator's floor;
     # natural: None keeps every client, a number leaves out those with fewer training samples
     balance: bool = False  # pathological partition with equal class shares
@@ -286,6 +287,11 @@ def _check(cfg: RunPlan) -> None:
     if not 0 < cfg.train_frac < 1 or not 0 <= cfg.val_frac < 1:
         raise UserError(
             f"train_frac must lie in (0, 1) and val_frac in [0, 1), not {cfg.train_frac} and {cfg.val_frac}."
+        )
+    if cfg.val_seed is not None and (cfg.val_seed < 0 or cfg.val_frac == 0):
+        raise UserError(
+            f"Setting val_seed ({cfg.val_seed}) draws the validation split: it must be 0 or more, with val_frac "
+            "above 0."
         )
     choices = {
         "shift": SHIFTS,
