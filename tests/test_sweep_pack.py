@@ -1,6 +1,7 @@
 """`tuner sweep --pack`: trials on one device trained as packs (tuner/sweep/pack_host.py), each still a Tune trial
 reporting its own rounds, equal to its run alone, stopped by its scheduler, resumed after a stop."""
 
+import json
 import os
 import signal
 import subprocess
@@ -100,6 +101,42 @@ def test_a_packed_trial_exploited_goes_on_from_its_donors_state_and_its_rounds_f
     trained = pd.read_parquet(recipient[-1] / ROUNDS_FILE)
     assert [r["acc"] for r in replay.history] == list(trained["acc"])
     assert max(abs(r["train_loss"] - t) for r, t in zip(replay.history, trained["train_loss"], strict=True)) < 1e-9
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_packed_pbt_sweep_ends_every_trial_with_its_whole_lineage_and_an_exploited_one_replays_alone(
+    tmp_path, ray_local
+):
+    """PBT over three packed trials (float64), the worst half exploiting: every trial ends at its last round with one
+    row a round in its rounds file; where Ray's timing gave an exploit (seen in one run of two), `tuner run
+    --schedule` on that file replays it alone (the exploit itself, certain: the in-process test above)."""
+    from tuner.federated_run import run
+    from tuner.settings.schedule import ROUNDS_FILE, load_schedule, read_rounds
+    from tuner.sweep.trials import trial_config
+
+    space = tmp_path / "pbt.yaml"
+    base = {"dataset": "digits", "partition": "iid", "clients": 4, "rounds": 6, "executor": "sequential"}
+    base |= {"dtype": "float64", "val_frac": 0.1}
+    space.write_text(
+        f"settings: {json.dumps(base)}\nsearch:\n  lr: {{loguniform: [0.001, 0.2]}}\nsamples: 3\n"
+        "scheduler: {kind: pbt, perturbation_interval: 2, quantile: 0.5}\n"
+    )
+    args = ["sweep", "fedavg", "--space", str(space), "--storage", str(tmp_path), "--pack", "3"]
+    res = CliRunner().invoke(app, [*args, "--cpus-per-trial", "0.5"])
+    assert res.exit_code == 0, res.output
+    finals = [
+        max(t.glob(f"checkpoint_*/{ROUNDS_FILE}"))
+        for t in (tmp_path / "fedavg-pbt" / "search").glob("federated_trial_*")
+    ]
+    assert len(finals) == 3
+    for final in finals:
+        rows = read_rounds(final)[0]
+        assert [r["round"] for r in rows] == list(range(1, 7)), (final, rows)
+        if rows[0]["trial"] != rows[-1]["trial"]:  # exploited
+            cfg = trial_config({"method": "fedavg", **base}, {"lr": 0.9})
+            replay = run(cfg, tmp_path / f"replay-{final.parent.parent.name}", schedule=load_schedule(final, cfg))
+            assert [r["acc"] for r in replay.history] == list(pd.read_parquet(final)["acc"])
 
 
 def _settings(tmp_path, sweep="fedavg-packed"):
