@@ -129,6 +129,20 @@ def tuned_lr(root: Path, method: str) -> float:
     ]
 
 
+# a donor and a recipient trial run by run_trial, 2 rounds each side of an exploit, exact in float64
+EXPLOIT_BASE = {
+    "method": "fedavg",
+    "dataset": "digits",
+    "partition": "iid",
+    "clients": 4,
+    "rounds": 4,
+    "executor": "sequential",
+    "dtype": "float64",
+    "val_frac": 0.1,
+    "checkpoint_every": 2,
+}
+
+
 def run_trial(
     monkeypatch, tmp_path, name: str, config: dict, base: dict, donor: Path | None = None, hosts: list | None = None
 ) -> list[Path]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats
 from simulations import assert_equal_states, exact_config, run_rounds
-from sweeps import run_trial
+from sweeps import EXPLOIT_BASE, run_trial
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -240,17 +240,7 @@ def test_an_exploited_trial_writes_its_donors_rounds_then_its_own_and_its_rounds
     """The trainable started from another trial's round-2 checkpoint (PBT's exploit) with its own lr: its rounds
     file holds the donor's rounds 1-2 (the donor's name and lr) and its own 3-4, and `tuner run --schedule` on that
     file runs the same four rounds (float64)."""
-    base = {
-        "method": "fedavg",
-        "dataset": "digits",
-        "partition": "iid",
-        "clients": 4,
-        "rounds": 4,
-        "executor": "sequential",
-        "dtype": "float64",
-        "val_frac": 0.1,
-        "checkpoint_every": 2,
-    }
+    base = EXPLOIT_BASE
     donor = run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base)
     recipient = run_trial(monkeypatch, tmp_path, "recipient", {"lr": 0.02}, base, donor=donor[0])
     rows, settings = read_rounds(recipient[-1] / ROUNDS_FILE)

@@ -10,6 +10,7 @@ import time
 import pandas as pd
 import pytest
 from sweeps import (
+    EXPLOIT_BASE,
     ROOT,
     TINY,
     checkpointed_states,
@@ -72,17 +73,7 @@ def test_a_packed_trial_exploited_goes_on_from_its_donors_state_and_its_rounds_f
     from tuner.sweep.pack_host import start_hosts, stop_hosts
     from tuner.sweep.trials import trial_config
 
-    base = {
-        "method": "fedavg",
-        "dataset": "digits",
-        "partition": "iid",
-        "clients": 4,
-        "rounds": 4,
-        "executor": "sequential",
-        "dtype": "float64",
-        "val_frac": 0.1,
-        "checkpoint_every": 2,
-    }
+    base = EXPLOIT_BASE
     hosts = start_hosts(2, 0.5, str(tmp_path / "cache"))
     try:
         donor = run_trial(monkeypatch, tmp_path, "donor", {"lr": 0.05}, base, hosts=hosts)

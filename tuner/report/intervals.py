@@ -67,10 +67,8 @@ def crossed_bootstrap(
     seeds = sides[0].shape[1]
     cols = rng.integers(0, seeds, size=(draws, seeds))
     rows = [rng.integers(0, m.shape[0], size=(draws, m.shape[0])) for m in sides]
-    means = [
-        np.array([m[np.ix_(r, c)].mean() for r, c in zip(rs, cols, strict=True)])
-        for m, rs in zip(sides, rows, strict=True)
-    ]
+    # every draw at once: draws × searches × seeds, each draw's mean
+    means = [m[rs[:, :, None], cols[:, None, :]].mean(axis=(1, 2)) for m, rs in zip(sides, rows, strict=True)]
     diff = means[0] - (means[1] if b is not None else 0)
     low, high = np.quantile(diff, [(1 - level) / 2, (1 + level) / 2])
     p = min(1.0, 2 * min(float((diff <= 0).mean()), float((diff >= 0).mean())))
