@@ -248,6 +248,19 @@ def test_a_tuned_variant_searches_none_of_its_familys_defining_settings_and_a_fi
         read_tuned("fedas-nopa", str(setting), {})
 
 
+def test_a_tuned_comparison_searches_no_methods_local_work_so_every_trial_takes_the_cells_local_steps(tmp_path):
+    """FedAvg's space file searches local epochs and batch size (a sweep of FedAvg alone may); in a tuned
+    comparison they stay the cell's for FedAvg as for every other method, and the derived file says so."""
+    from tuner.experiments.tuned_comparison import fair_space
+
+    asked = {"sampler": "tpe", "trials": 2, "grace": 1, "patience": None, "settings": {"rounds": 2}}
+    source = ROOT / "search_spaces/fedavg.yaml"
+    assert {"local_epochs", "batch_size"} <= set(yaml.safe_load(source.read_text())["search"])
+    space = fair_space("fedavg", source, tmp_path, {"method": "fedavg"}, asked)
+    assert set(space.search) == {"lr"}
+    assert "equal local steps a trial): local_epochs, batch_size" in (tmp_path / "fedavg.yaml").read_text()
+
+
 def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(tmp_path):
     """Per-FedAvg's paper setting has no β in its range: Ray's Optuna search refuses a partial first point (the
     digits comparison's search stage stopped on FedAvg-FT's so), so none is tried first; FedPAC's whole one is, and

@@ -65,17 +65,20 @@ def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict)
     """The cell's search: `source`'s distributions alone, under the comparison's sampler, trials, stopping and
     selection, written to folder/METHOD.yaml (what ran, whatever the source file becomes)."""
     from tuner.plugins import family_settings, method_class
+    from tuner.report.budget_flags import LOCAL_WORK
     from tuner.sweep.space_file import load_space
 
     search = read_mapping(source, "Space file").get("search")
     if not search:
         raise UserError(f"{source} has no `search:` mapping; a tuned comparison searches what it names.")
     kept = family_settings(method_class(method))  # each row stays the variant it names
-    search = {k: v for k, v in search.items() if k not in kept}
+    equal_work = [k for k in LOCAL_WORK if k in search]  # every method's trial takes the cell's local steps
+    search = {k: v for k, v in search.items() if k not in kept and k not in equal_work}
     if not search:
         raise UserError(
-            f"{source} searches only {', '.join(kept)}, which tell {method}'s family apart and stay fixed in a tuned "
-            "comparison; search another setting too (its lr)."
+            f"{source} searches only {', '.join([*kept, *equal_work])}, which stay fixed in a tuned comparison (a "
+            f"variant's defining settings, and the local work, equal for every method); search another setting too "
+            "(its lr)."
         )
     stop = {k: asked[k] for k in ("grace", "patience") if asked.get(k)}
     derived = {
@@ -90,6 +93,8 @@ def fair_space(method: str, source: Path, folder: Path, cell: dict, asked: dict)
     header = f"# the search of {source} (sha256 {file_hash(source)}) under the comparison's budget\n"
     if kept:
         header += f"# not searched, each row its own method: {', '.join(f'{k}={v}' for k, v in kept.items())}\n"
+    if equal_work:
+        header += f"# not searched, the cell's for every method (equal local steps a trial): {', '.join(equal_work)}\n"
     write_text_atomic(folder / f"{method}.yaml", header + yaml.safe_dump(derived, sort_keys=False))
     return load_space(folder / f"{method}.yaml", method, settings={**asked["settings"], **cell})
 
