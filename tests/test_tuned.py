@@ -167,6 +167,23 @@ def test_the_fair_table_pairs_each_gain_over_seeds_and_says_what_it_cannot_tell(
     assert "Not run at this setting: FedBN: FedBN keeps batch-norm layers local" in text and "| FedBN" not in text
 
 
+def test_kendalls_tau_counts_once_two_rows_with_the_same_runs(tmp_path):
+    """A variant whose runs are its base's (the same accuracies seed by seed at defaults and tuned) is one
+    configuration under two names: τ is over the distinct ones, and the line names the repeat."""
+    from tuner.report.fair import fair_markdown, fair_tables
+
+    rows = comparison_rows(tmp_path)
+    repeat = rows[rows["method"] == "fedavg"].assign(method="fedavg-copy", title="FEDAVG-COPY")
+    methods, columns = fair_tables(pd.concat([rows, repeat], ignore_index=True))
+    col = columns.iloc[0]
+    assert (col["kendall_tau"], col["kendall_rows"]) == (pytest.approx(1 / 3), 3)
+    assert col["kendall_repeats"] == "FEDAVG-COPY as FEDAVG"
+    assert "(over 3 methods; the same accuracies seed by seed at defaults and tuned, counted once: FEDAVG-COPY as " in (
+        fair_markdown(methods, columns)
+    )
+    assert "(over 3 methods, no two with the same accuracies seed by seed)" in fair_markdown(*fair_tables(rows))
+
+
 def test_a_setting_is_named_by_its_data_and_a_tuned_file_is_refused_for_another(tmp_path):
     from tuner.settings.tuned_files import read_tuned, setting_name, write_tuned
 

@@ -16,6 +16,7 @@ import math
 import re
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -111,6 +112,7 @@ def _method_row(method: str, runs: pd.DataFrame, root: Path, record: dict) -> di
         "search_trials": len(search),
         "search_rounds": int(search["rounds_run"].sum()),
         "train_s": float(runs["time_s"].sum()),
+        "defaults_accs": defaults,  # a seed each
         "tuned_accs": tuned,  # a row a search, a column a seed: what the paper's method is set against
         **_budget_flags(method, runs[runs["stage"] == "seeds"], root),
     }
@@ -164,7 +166,13 @@ def _column_row(
     frame: pd.DataFrame, runs: pd.DataFrame, record: dict, table: str, setting: str, root: Path, own: str | None
 ) -> dict:
     ranked = frame.dropna(subset=["defaults_mean", "tuned_mean"])
-    tau = stats.kendalltau(ranked["defaults_mean"], ranked["tuned_mean"]).statistic if len(ranked) > 2 else math.nan
+    # two rows with the same accuracies seed by seed at defaults and tuned are one configuration under two names
+    # (a variant at its base's settings): counted once, so its ties do not enter τ twice
+    runs_of = ranked.apply(lambda r: (tuple(r["defaults_accs"]), tuple(map(tuple, r["tuned_accs"]))), axis=1)
+    distinct = ranked[~runs_of.duplicated()]
+    tau = (
+        stats.kendalltau(distinct["defaults_mean"], distinct["tuned_mean"]).statistic if len(distinct) > 2 else math.nan
+    )
     out = {
         "comparison": root.name,  # its folder: never a path of the machine that ran it
         "table": table,
@@ -173,6 +181,11 @@ def _column_row(
         "rounds": int(runs.loc[runs["stage"] == "defaults", "rounds_planned"].max()),
         "methods": len(ranked),
         "kendall_tau": float(tau),
+        "kendall_rows": len(distinct),
+        "kendall_repeats": ", ".join(
+            f"{r.title} as {distinct.loc[runs_of[runs_of == runs_of[i]].index[0], 'title']}"
+            for i, r in ranked[runs_of.duplicated()].iterrows()
+        ),
         "own_method": own or "",
         "own_first_defaults": None,
         "own_first_tuned": None,
@@ -193,6 +206,18 @@ def _column_row(
         out["own_behind"] = ", ".join(tested.loc[held & (tested["own_minus"] < 0), "method"])
         out["own_undecided"] = ", ".join(tested.loc[~held, "method"])
     return out
+
+
+def _tau_line(col: Any) -> str:
+    if math.isnan(col.kendall_tau):
+        return "Too few methods for Kendall's τ."
+    repeats = (
+        f"; the same accuracies seed by seed at defaults and tuned, counted once: {col.kendall_repeats}"
+        if col.kendall_repeats
+        else ", no two with the same accuracies seed by seed"
+    )
+    tau = f"{col.kendall_tau:.2f} (over {col.kendall_rows} methods{repeats})"
+    return f"Kendall's τ between the rankings at defaults and tuned: {tau}"
 
 
 def _training_share(runs: pd.DataFrame, record: dict) -> float:
@@ -234,11 +259,7 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
             }
         )
         seeds = sorted(set(t["seeds"]))
-        lines = [
-            f"Kendall's τ between the rankings at defaults and tuned: {col.kendall_tau:.2f}"
-            if not math.isnan(col.kendall_tau)
-            else "Too few methods for Kendall's τ."
-        ]
+        lines = [_tau_line(col)]
         if col.own_first_tuned is not None:
             lines.append(_own_line(t, col))
         lines += _budget_lines(t)
