@@ -168,8 +168,13 @@ def _column_row(
     ranked = frame.dropna(subset=["defaults_mean", "tuned_mean"])
     # two rows with the same accuracies seed by seed at defaults and tuned are one configuration under two names
     # (a variant at its base's settings): counted once, so its ties do not enter τ twice
-    runs_of = ranked.apply(lambda r: (tuple(r["defaults_accs"]), tuple(map(tuple, r["tuned_accs"]))), axis=1)
-    distinct = ranked[~runs_of.duplicated()]
+    runs_of = [
+        (tuple(d), tuple(map(tuple, t))) for d, t in zip(ranked["defaults_accs"], ranked["tuned_accs"], strict=True)
+    ]
+    first: dict[tuple, str] = {}  # each configuration's first title
+    for key, title in zip(runs_of, ranked["title"], strict=True):
+        first.setdefault(key, title)
+    distinct = ranked[[first[key] == title for key, title in zip(runs_of, ranked["title"], strict=True)]]
     tau = (
         stats.kendalltau(distinct["defaults_mean"], distinct["tuned_mean"]).statistic if len(distinct) > 2 else math.nan
     )
@@ -183,8 +188,9 @@ def _column_row(
         "kendall_tau": float(tau),
         "kendall_rows": len(distinct),
         "kendall_repeats": ", ".join(
-            f"{r.title} as {distinct.loc[runs_of[runs_of == runs_of[i]].index[0], 'title']}"
-            for i, r in ranked[runs_of.duplicated()].iterrows()
+            f"{title} as {first[key]}"
+            for key, title in zip(runs_of, ranked["title"], strict=True)
+            if first[key] != title
         ),
         "own_method": own or "",
         "own_first_defaults": None,
