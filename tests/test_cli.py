@@ -69,6 +69,22 @@ def test_help_explains_every_option():
         assert option in res.output
 
 
+def test_every_default_a_help_text_names_is_shown_not_taken_for_markup():
+    """Rich reads `[default: 20]` as a style tag and drops it; each help text escapes it, and it is shown."""
+    import typer.main
+
+    commands, checked = typer.main.get_command(app).commands, 0
+    for name in ("run", "sweep", "reproduce", "report", "data"):
+        said = " ".join(invoke(name, "--help").output.replace("│", " ").split())
+        for param in commands[name].params:
+            help_text = getattr(param, "help", None) or ""
+            if "[default:" in help_text:
+                shown = help_text.split("[default:")[1].split("]")[0]
+                assert f"[default: {' '.join(shown.split())[:12]}" in said, (name, param.name)
+                checked += 1
+    assert checked >= 10
+
+
 def test_diverging_run_stops_clearly_and_keeps_its_rows(tmp_path, monkeypatch):
     from tuner.engine.executor_kinds import VectorizedExecutor
 

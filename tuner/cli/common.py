@@ -72,15 +72,15 @@ def absolute(value):
 
 # Option help is one line, written once; a command's epilog (after its options in --help) and docs/ say the rest.
 METHOD_HELP = "A method or variant (`tuner methods`), or your own as path/to/file.py:ClassName."
-DATASET_HELP = "A built-in dataset or your own data's path (below) [default: fmnist]."
-PARTITION_HELP = f"{', '.join(k.help.split(' (')[0] for k in PARTITIONS.values())} (below) [default: dir:0.1]."
+DATASET_HELP = "A built-in dataset or your own data's path (below) \\[default: fmnist]."
+PARTITION_HELP = f"{', '.join(k.help.split(' (')[0] for k in PARTITIONS.values())} (below) \\[default: dir:0.1]."
 DATA_EPILOG = (
     f"Datasets: {', '.join(LOADERS)}; your own: a .parquet or .npz file (x, y, optionally client and split) or "
     "PFLlib's train/ and test/ folders (docs/own_code.md). "
     f"Partitions: {'; '.join(k.help for k in PARTITIONS.values())}."
 )
 GPUS_HELP = (
-    "GPUs a trial, fractional to share one [default: 0.5 where the cluster has GPUs (docs/performance.md), else 0]."
+    "GPUs a trial, fractional to share one \\[default: 0.5 where the cluster has GPUs (docs/performance.md), else 0]."
 )
 ADDRESS_HELP = "Join a running Ray cluster (auto, or HEAD_IP:6379) instead of starting a local one."
 VERBOSE_HELP = "Show Ray's own logs and trial tables."

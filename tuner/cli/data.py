@@ -21,7 +21,7 @@ def data_show(
     ),
     partition: str = typer.Option("dir:0.1", help="iid, pat:N, dir:BETA, pac:S, or natural (your data's own clients)."),
     clients: int | None = typer.Option(
-        None, help="Number of clients [default: 20; with --partition natural, the data's own]."
+        None, help="Number of clients \\[default: 20; with --partition natural, the data's own]."
     ),
     out: Path = typer.Option(Path("partition.png"), callback=absolute, help="PNG file to draw the partition into."),
     set_: list[str] = typer.Option(

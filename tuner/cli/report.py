@@ -21,7 +21,7 @@ def report(
     ),
     select: str | None = typer.Option(
         None,
-        help="test (the best, as the papers) or val (test accuracy at the best validation round) [default: each "
+        help="test (the best, as the papers) or val (test accuracy at the best validation round) \\[default: each "
         "run's own: its sweep's select, else test].",
     ),
 ):

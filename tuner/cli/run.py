@@ -54,13 +54,15 @@ def run(
         help=PARTITION_HELP,
     ),
     clients: int | None = typer.Option(
-        None, help="Number of clients [default: 20; with --partition natural, the data's own]."
+        None, help="Number of clients \\[default: 20; with --partition natural, the data's own]."
     ),
-    rounds: int | None = typer.Option(None, help="Communication rounds (with --resume: the new total) [default: 100]."),
+    rounds: int | None = typer.Option(
+        None, help="Communication rounds (with --resume: the new total) \\[default: 100]."
+    ),
     out: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="The run's folder; one holding a run is refused unless --resume [default: results/runs/METHOD-DATE-TIME].",
+        help="The run's folder; one holding a run is refused unless --resume \\[default: results/runs/METHOD-DATE-TIME].",
     ),
     config: Path | None = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),

@@ -57,18 +57,18 @@ def sweep(
     method: str = typer.Argument(..., help=METHOD_HELP),
     space: Path = typer.Option(..., callback=absolute, help="Search-space YAML file, e.g. search_spaces/gpfl.yaml."),
     name: str | None = typer.Option(
-        None, help="Sweep name: a directory under --storage (or a path of its own) [default: METHOD-SPACE]."
+        None, help="Sweep name: a directory under --storage (or a path of its own) \\[default: METHOD-SPACE]."
     ),
     storage: Path = typer.Option(
         Path("results/sweeps"), callback=absolute, help="Directory for the sweep; on a cluster, one every node can see."
     ),
-    samples: int | None = typer.Option(None, help="Number of trials [default: the space's samples]."),
+    samples: int | None = typer.Option(None, help="Number of trials \\[default: the space's samples]."),
     sampler: str | None = typer.Option(
-        None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid [default: the space's]."
+        None, help="Optuna sampler: tpe, random, cmaes, gp, qmc, nsga2 or grid \\[default: the space's]."
     ),
     select: str | None = typer.Option(
         None,
-        help="val (test accuracy at the best validation round) or test (the best, as the papers) [default: the "
+        help="val (test accuracy at the best validation round) or test (the best, as the papers) \\[default: the "
         "space's, else val].",
     ),
     seeds: int = typer.Option(
@@ -80,7 +80,7 @@ def sweep(
         "as in the papers.",
     ),
     grace: int | None = typer.Option(None, help="ASHA grace period in rounds (enables ASHA)."),
-    scheduler: str | None = typer.Option(None, help=f"{SCHEDULERS_HELP} [default: the space's, else asha]."),
+    scheduler: str | None = typer.Option(None, help=f"{SCHEDULERS_HELP} \\[default: the space's, else asha]."),
     patience: int | None = typer.Option(None, help="Stop a trial whose best round is more than this many rounds old."),
     max_total_rounds: int | None = typer.Option(None, help="End the sweep after this many rounds over all trials."),
     set_: list[str] = typer.Option(
@@ -92,7 +92,7 @@ def sweep(
         help=GPUS_HELP,
     ),
     max_concurrent: int | None = typer.Option(
-        None, help="At most this many trials at once [default: as resources allow]."
+        None, help="At most this many trials at once \\[default: as resources allow]."
     ),
     address: str | None = typer.Option(None, help=ADDRESS_HELP),
     study_db: Path | None = typer.Option(
@@ -107,7 +107,7 @@ def sweep(
     compile_cache: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="Folder of the trials' compiled programs, kept for later sweeps [default: STORAGE/.compile-cache].",
+        help="Folder of the trials' compiled programs, kept for later sweeps \\[default: STORAGE/.compile-cache].",
     ),
     pack: str = typer.Option(
         "1",
@@ -190,7 +190,7 @@ def reproduce(
         "the papers.",
     ),
     rounds: int | None = typer.Option(
-        None, help="Rounds per run [default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."
+        None, help="Rounds per run \\[default: the paper's, 2000 for GPFL/FedCP, 200 for FedPAC]."
     ),
     dataset: list[str] = typer.Option([], help="Only these datasets (repeatable), e.g. --dataset fmnist."),
     method: list[str] = typer.Option(
@@ -229,7 +229,7 @@ def reproduce(
         Path("search_spaces"), callback=absolute, help="With --tune: where each method's space file is (METHOD.yaml)."
     ),
     sampler: str = typer.Option("tpe", help="With --tune: the Optuna sampler every search uses, seeded alike."),
-    grace: int | None = typer.Option(None, help="With --tune: ASHA's grace period in rounds [default: rounds / 4]."),
+    grace: int | None = typer.Option(None, help="With --tune: ASHA's grace period in rounds \\[default: rounds / 4]."),
     tuned_dir: Path = typer.Option(
         Path("results/tuned"), callback=absolute, help="With --tune: where the tuned settings files go."
     ),
