@@ -62,7 +62,8 @@ def run(
     out: Path | None = typer.Option(
         None,
         callback=absolute,
-        help="The run's folder; one holding a run is refused unless --resume \\[default: results/runs/METHOD-DATE-TIME].",
+        help="The run's folder; one holding a run is refused unless --resume "
+        "\\[default: results/runs/METHOD-DATE-TIME].",
     ),
     config: Path | None = typer.Option(None, callback=absolute, help="YAML file of settings (same names as --set)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
