@@ -23,7 +23,7 @@ import yaml
 from scipy import stats
 
 from tuner.report.budget_flags import EDGE, LOCAL_WORK, at_edge, chose_last_round
-from tuner.report.intervals import Difference, benjamini_hochberg, crossed_bootstrap, difference, holm
+from tuner.report.intervals import benjamini_hochberg, holm, searches_and_seeds
 from tuner.report.searches import gain_over_searches, reruns_of, search_configs
 from tuner.settings import papers
 from tuner.settings.tuned_files import DATA_SETTINGS, setting_name
@@ -73,23 +73,17 @@ def fair_tables(summaries: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _method_row(method: str, runs: pd.DataFrame, root: Path, record: dict) -> dict:
     """The method's row: defaults and tuned paired over seeds; tuned by several searches, every search's reruns
-    against the defaults, searches and seeds resampled (tuner/report/searches.py)."""
+    against the defaults, searches and seeds each a random effect (tuner/report/searches.py)."""
     defaults_by = runs[runs["stage"] == "defaults"].dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]
     reruns = runs[runs["stage"] == "seeds"]
     configs = search_configs(record, method, runs["dataset"].iloc[0])
-    if len(configs) > 1:
-        by_search = [reruns_of(c, reruns) for c in configs]
-        seeds, gain = gain_over_searches(defaults_by, by_search)
-        tuned = [t.loc[seeds].tolist() for t in by_search]
-    else:
-        tuned_by = reruns.dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]
-        seeds = sorted(set(defaults_by.index) & set(tuned_by.index))
-        tuned = [tuned_by.loc[seeds].tolist()]
-        gain = (
-            difference(tuned[0], defaults_by.loc[seeds].tolist(), paired=True)
-            if len(seeds) > 1
-            else Difference(math.nan, math.nan, math.nan, math.nan)
-        )
+    by_search = (
+        [reruns_of(c, reruns) for c in configs]
+        if len(configs) > 1
+        else [reruns.dropna(subset=["selected_acc"]).set_index("seed")["selected_acc"]]
+    )
+    seeds, gain = gain_over_searches(defaults_by, by_search)
+    tuned = [t.loc[seeds].tolist() for t in by_search]
     defaults = defaults_by.loc[seeds].tolist()
     search = runs[runs["stage"] == "search"]
     failures = runs.loc[runs["failed"].astype(bool), "failed"] if "failed" in runs else pd.Series(dtype=str)
@@ -142,7 +136,7 @@ def _own_method(table: str) -> str | None:
 
 def _against_own(frame: pd.DataFrame, own: str | None) -> pd.DataFrame:
     """Each other method's tuned accuracy against the paper's own method tuned: own − it, paired over seeds (tuned
-    by several searches: a crossed bootstrap, each side's searches and the shared seeds resampled), with its 95 %
+    by several searches: each side's searches and the shared seeds random effects), with its 95 %
     interval and p, and Holm's adjusted p over every other method (the family the paper's claim is)."""
     frame = frame.assign(own_minus=math.nan, own_minus_low=math.nan, own_minus_high=math.nan, own_p=math.nan)
     mine = frame.loc[frame["method"] == own, "tuned_accs"]
@@ -150,8 +144,7 @@ def _against_own(frame: pd.DataFrame, own: str | None) -> pd.DataFrame:
         for i, row in frame.iterrows():
             a, b = [list(r) for r in mine.iloc[0]], [list(r) for r in row["tuned_accs"]]
             if row["method"] != own and len(a[0]) == len(b[0]) > 1:  # the same seeds
-                one_search = len(a) == len(b) == 1
-                d = difference(a[0], b[0], paired=True) if one_search else crossed_bootstrap(a, b)
+                d = searches_and_seeds(a, b)  # one search a side: the paired t over seeds
                 frame.loc[i, ["own_minus", "own_minus_low", "own_minus_high", "own_p"]] = [
                     100 * d.mean,
                     100 * d.low,
@@ -274,8 +267,8 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
             lines.append(f"Trial slots spent training: {100 * col.training_share:.0f} % of {col.wall_s:.0f} s.")
         searches = int(t["searches"].max()) if len(t) else 1
         design = (
-            f"; {searches} searches a method, each one's best rerun on the seeds: the gain's interval and p a "
-            "crossed bootstrap over searches and seeds, the tuned ± over every rerun"
+            f"; {searches} searches a method, each one's best rerun on the seeds: the gain's interval and p a t "
+            "over searches and seeds as crossed random effects, the tuned ± over every rerun"
             if searches > 1
             else ""
         )

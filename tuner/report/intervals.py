@@ -1,9 +1,9 @@
 """How sure a comparison is: the difference of two means with its 95 % interval (Welch's t for two independent
-sets of runs, or paired over seeds; over several searches and seeds, a crossed bootstrap), whether the interval
-excludes 0, and its two-sided p; over a table's family of
-comparisons, the p adjusted by Holm's step-down correction (the family-wise error) and the Benjamini–Hochberg q (the
-false discovery rate). The pages say two things differ only where the interval excludes 0, and a gain is
-established across a table only where Holm's adjusted p is below 0.05."""
+sets of runs, or paired over seeds; over several searches and seeds, the t interval of a crossed random-effects
+model), whether the interval excludes 0, and its two-sided p; over a table's family of comparisons, the p adjusted
+by Holm's step-down correction (the family-wise error) and the Benjamini–Hochberg q (the false discovery rate). The
+pages say two things differ only where the interval excludes 0, and a gain is established across a table only where
+Holm's adjusted p is below 0.05."""
 
 from __future__ import annotations
 
@@ -49,31 +49,30 @@ def difference(a: Sequence[float], b: Sequence[float], paired: bool = False, lev
     return Difference(mean, mean - half, mean + half, float(p))
 
 
-def crossed_bootstrap(
-    a: Sequence[Sequence[float]],
-    b: Sequence[Sequence[float]] | None = None,
-    draws: int = 10_000,
-    level: float = 0.95,
+def searches_and_seeds(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]] | None = None, level: float = 0.95
 ) -> Difference:
-    """mean(a) − mean(b) where each is runs of searches (rows) on the same seeds (columns), with an interval that
-    holds every chance the design has: each side's searches resampled with replacement, apart, and the seeds
-    resampled once for both, as they are shared (a hierarchical bootstrap; without `b`, `a` holds paired gains, one
-    row a search). The interval is the draws' percentile one; p, two-sided, twice the share of draws on the far side
-    of 0."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)  # the interval of a given table is one number, whoever recomputes it
-    sides = [np.asarray(m, dtype=float) for m in ([a] if b is None else [a, b])]
-    seeds = sides[0].shape[1]
-    cols = rng.integers(0, seeds, size=(draws, seeds))
-    rows = [rng.integers(0, m.shape[0], size=(draws, m.shape[0])) for m in sides]
-    # every draw at once: draws × searches × seeds, each draw's mean
-    means = [m[rs[:, :, None], cols[:, None, :]].mean(axis=(1, 2)) for m, rs in zip(sides, rows, strict=True)]
-    diff = means[0] - (means[1] if b is not None else 0)
-    low, high = np.quantile(diff, [(1 - level) / 2, (1 + level) / 2])
-    p = min(1.0, 2 * min(float((diff <= 0).mean()), float((diff >= 0).mean())))
-    mean = float(sides[0].mean() - (sides[1].mean() if b is not None else 0))
-    return Difference(mean, float(low), float(high), p)
+    """mean(a) − mean(b), each side runs of its searches (rows) on the same seeds (columns), with the t interval of
+    a crossed random-effects model: a search's effect and a seed's are each a draw (without `b`, `a` holds paired
+    gains, one row a search). The variance of the difference is each side's searches' spread (the variance of its
+    row means over its searches) plus the seeds' (the variance over seeds of the difference of the sides' column
+    means, over the seeds): each term also carries the search-by-seed interaction, so it is counted twice and the
+    interval errs wide. Its degrees of freedom are Welch–Satterthwaite's over the terms; with one search a side it
+    is the paired t over seeds."""
+    sides = [[list(r) for r in m] for m in ([a] if b is None else [a, b])]
+    seeds = len(sides[0][0])
+    terms = [  # (variance, degrees of freedom)
+        (_variance([sum(r) / seeds for r in m]) / len(m), len(m) - 1) for m in sides if len(m) > 1
+    ]
+    by_seed = [[sum(r[s] for r in m) / len(m) for s in range(seeds)] for m in sides]
+    gaps = [x - (by_seed[1][s] if b is not None else 0) for s, x in enumerate(by_seed[0])]
+    terms.append((_variance(gaps) / seeds, seeds - 1))
+    mean = sum(gaps) / seeds  # the sides' grand means' difference: every search weighs the same within its side
+    var, spread = sum(v for v, _ in terms), [(v, k) for v, k in terms if v > 0]
+    df = spread[0][1] if len(spread) == 1 else var**2 / sum(v**2 / k for v, k in spread) if spread else 1
+    half = stats.t.ppf((1 + level) / 2, df) * math.sqrt(var)
+    p = 2 * stats.t.sf(abs(mean) / math.sqrt(var), df) if var > 0 else float(mean == 0)
+    return Difference(mean, mean - half, mean + half, float(p))
 
 
 def holm(ps: Sequence[float]) -> list[float]:

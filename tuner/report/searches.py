@@ -1,6 +1,6 @@
 """A method tuned by several independent searches (`tuner reproduce --tune --searches R`): each search's best
 configuration, its reruns on the comparison's seeds, and the gain over the defaults with an interval that holds the
-searches' chance beside the seeds' (tuner/report/intervals.py crossed_bootstrap)."""
+searches' chance beside the seeds' (tuner/report/intervals.py searches_and_seeds)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from tuner.report.intervals import Difference, crossed_bootstrap
+from tuner.report.intervals import Difference, searches_and_seeds
 
 
 def search_configs(record: dict, method: str, dataset: str) -> list[dict]:
@@ -38,10 +38,10 @@ def reruns_of(config: dict, reruns: pd.DataFrame) -> pd.Series:
 
 def gain_over_searches(defaults: pd.Series, tuned: list[pd.Series]) -> tuple[list[int], Difference]:
     """(the seeds every search's reruns and the defaults share, the gain: every search's rerun minus the defaults run
-    of its seed, searches and seeds resampled)."""
+    of its seed, searches and seeds each a random effect)."""
     seeds = sorted(set(defaults.index).intersection(*[set(t.index) for t in tuned]))
     gains = [[t.loc[s] - defaults.loc[s] for s in seeds] for t in tuned]
-    gain = crossed_bootstrap(gains) if len(seeds) > 1 else Difference(math.nan, math.nan, math.nan, math.nan)
+    gain = searches_and_seeds(gains) if len(seeds) > 1 else Difference(math.nan, math.nan, math.nan, math.nan)
     return seeds, gain
 
 
