@@ -550,7 +550,7 @@ def test_run_tuned_says_when_the_space_it_was_searched_from_has_changed(tmp_path
 
 
 def test_a_tuned_value_is_at_its_ranges_edge_within_5_percent_on_its_scale():
-    from tuner.report.budget_flags import at_edge
+    from tuner.report.budget_flags import at_edge, at_edge_of_searches
 
     search = {
         "lr": {"loguniform": [0.001, 0.1]},  # 0.0012 is 4 % up the log scale, 0.05 is 85 %
@@ -560,6 +560,9 @@ def test_a_tuned_value_is_at_its_ranges_edge_within_5_percent_on_its_scale():
     }
     assert at_edge(search, {"lr": 0.0012, "epochs": 21, "mu": 0.5, "batch_size": 64}) == ["lr bottom", "epochs top"]
     assert at_edge(search, {"lr": 0.05, "epochs": 3, "mu": 0.96}) == ["mu top"]
+    # several searches: every best looked at, a flag only some share counted
+    both = at_edge_of_searches(search, [{"lr": 0.0012, "mu": 0.99}, {"lr": 0.05, "mu": 0.97}])
+    assert both == ["lr bottom (1/2 searches)", "mu top"]
 
 
 def test_the_tuned_page_calls_the_committed_searches_random_as_they_were():

@@ -33,3 +33,11 @@ def at_edge(search: dict[str, Any], config: dict[str, Any]) -> list[str]:
 def chose_last_round(reruns: pd.DataFrame) -> int:
     """How many of these runs' validation chose their last planned round."""
     return int((reruns["val_round"] == reruns["rounds_planned"]).sum())
+
+
+def at_edge_of_searches(search: dict[str, Any], configs: list[dict[str, Any]]) -> list[str]:
+    """at_edge over each search's best configuration: a flag every search shares as at_edge writes it, one only some
+    share with how many, "lr top (2/3 searches)", in the order they first appear."""
+    found = [flag for config in configs for flag in at_edge(search, config)]
+    counts = {flag: found.count(flag) for flag in found}
+    return [f if n == len(configs) else f"{f} ({n}/{len(configs)} searches)" for f, n in counts.items()]

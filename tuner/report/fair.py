@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from tuner.report.budget_flags import EDGE, LOCAL_WORK, at_edge, chose_last_round
+from tuner.report.budget_flags import EDGE, LOCAL_WORK, at_edge_of_searches, chose_last_round
 from tuner.report.intervals import benjamini_hochberg, holm, searches_and_seeds
 from tuner.report.searches import gain_over_searches, reruns_of, search_configs
 from tuner.settings import papers
@@ -108,21 +108,22 @@ def _method_row(method: str, runs: pd.DataFrame, root: Path, record: dict) -> di
         "train_s": float(runs["time_s"].sum()),
         "defaults_accs": defaults,  # a seed each
         "tuned_accs": tuned,  # a row a search, a column a seed: what the paper's method is set against
-        **_budget_flags(method, runs[runs["stage"] == "seeds"], root),
+        **_budget_flags(method, reruns, root, configs),
     }
 
 
-def _budget_flags(method: str, reruns: pd.DataFrame, root: Path) -> dict:
+def _budget_flags(method: str, reruns: pd.DataFrame, root: Path, configs: list[dict]) -> dict:
     """Where the budget may have cut the method's search short (tuner/report/budget_flags.py): its tuned values at
-    their range's edge, and how many of its tuned reruns chose their last round."""
+    their range's edge, in each search's best (one search: its reruns' configuration), and how many of its tuned
+    reruns chose their last round."""
     space = root / "spaces" / f"{method}.yaml"
     search = (yaml.safe_load(space.read_text()) or {}).get("search", {}) if space.exists() else {}
-    first = reruns.iloc[0] if len(reruns) else pd.Series(dtype=object)
-    config = {k: first.get(k, first.get(f"hp_{k}")) for k in search}
+    if not configs and len(reruns):
+        configs = [{k: reruns.iloc[0].get(k, reruns.iloc[0].get(f"hp_{k}")) for k in search}]
     return {
         # a search over local epochs or batch size varies each trial's local steps; the others' trials train alike
         "searched_local_work": ", ".join(k for k in LOCAL_WORK if k in search),
-        "at_edge": ", ".join(at_edge(search, config)),
+        "at_edge": ", ".join(at_edge_of_searches(search, configs)),
         "last_round": chose_last_round(reruns),
         "reruns": len(reruns),
     }
@@ -279,7 +280,8 @@ def fair_markdown(methods: pd.DataFrame, columns: pd.DataFrame) -> str:
     note = (
         "Test accuracy (%) at the round the validation split chose, mean ± sample std (n − 1) over the same seeds at "
         "the paper defaults and tuned; a gain whose interval covers 0 is not distinguishable from none. p is the "
-        "paired t test's, two-sided; over the setting's methods, Holm's step-down correction (a gain established "
+        "two-sided t test's (paired over seeds, or as each heading says); over the setting's methods, Holm's "
+        "step-down correction (a gain established "
         "where it is below 0.05) and the Benjamini–Hochberg q (the false discovery rate).\n\n"
     )
     return note + "\n".join(parts)
