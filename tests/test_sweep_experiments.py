@@ -15,6 +15,7 @@ from tuner.cli import app
 from tuner.report.intervals import difference
 from tuner.selection import SCORE
 from tuner.settings.config import resolve_layers
+from tuner.settings.tuned_files import checkout_commit
 
 
 def test_reproduce_lists_the_cells_the_local_data_allows():
@@ -124,6 +125,11 @@ def test_a_tuned_comparison_of_two_searches_a_method_reruns_each_ones_best_and_h
     chosen = max((0, 1), key=lambda s: found[s]["val_acc"])  # the first of equals
     assert tuned["provenance"]["searches"] == 2 and tuned["provenance"]["sampler_seed"] == chosen
     assert tuned["settings"]["lr"] == found[chosen]["config"]["lr"]
+    here = checkout_commit()  # each stage's commit, recorded as it starts; the tuned file's is its search's
+    assert (
+        record["commits"] == {s: [here] for s in ("defaults", "search", "seeds")}
+        and tuned["provenance"]["commit"] == here
+    )
     fair = pd.read_parquet(top / "report" / "fair.parquet").iloc[0]
     assert fair["searches"] == 2 and fair["seeds"] == 2
 

@@ -12,7 +12,8 @@ seeds, so that each gain is paired over seeds. Under STORAGE/TABLE-tuned:
                        (tuner/sweep/cells.py), the cells' trials sharing the slots
     seeds/             every cell's best configuration, seeds 1..S
     spaces/METHOD.yaml what each method's search was
-    comparison.yaml    what was asked, each cell's best, the wall time and the trial slots (the share spent training)
+    comparison.yaml    what was asked, each cell's best, the commits each stage ran at, the wall time and the trial
+                       slots (the share spent training): tuner/experiments/comparison_record.py
 
 Each stage resumes (`--resume`) and stops cleanly on Ctrl-C; the best configurations are written as tuned settings
 files (tuner/settings/tuned_files.py) once their seeds are in.
@@ -20,7 +21,6 @@ files (tuner/settings/tuned_files.py) once their seeds are in.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tuner.errors import UserError
+from tuner.experiments.comparison_record import Record
 from tuner.experiments.reproduce import cells, paper_rounds
 from tuner.files import read_mapping, write_text_atomic
 from tuner.report.fair import COMPARISON_FILE
@@ -151,12 +152,14 @@ def reproduce_tuned(
         record = Record.resumed(top / COMPARISON_FILE, asked, res)
         try:  # a stop keeps the time spent so far
             if DEFAULTS_STAGE not in record.done:
+                record.starts(DEFAULTS_STAGE)
                 run_stage(top, defaults_stage(asked, todo), res, tune_can_restore(top / DEFAULTS_STAGE))
                 record.finished(DEFAULTS_STAGE)
             spaces = {
                 cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in searched
             }
             if "search" not in record.done:
+                record.starts("search")
                 stage = search_stage(asked, searched, spaces)
                 grid = run_stage(top, stage, res, tune_can_restore(top / "search"))
                 record.found.update(best_by_cell(grid, spaces, top / "search"))
@@ -168,58 +171,16 @@ def reproduce_tuned(
                 reruns = {
                     cell_key(r): r for c in tuned_cells for _, b in found[cell_key(c)] for r in [{**c, **b["config"]}]
                 }
+                record.starts("seeds")
                 grid = run_stage(top, seeds_stage(asked, list(reruns.values())), res, tune_can_restore(top / "seeds"))
+                searched_at = ", ".join(record.commits.get("search", [])) or checkout_commit()
                 for c in tuned_cells:
                     search, best = max(found[cell_key(c)], key=lambda f: f[1]["val_acc"] or 0)  # the first of equals
-                    write_tuned_cell(c, search, best, grid, asked, sources[c["method"]], top, tuned_dir)
+                    write_tuned_cell(c, search, best, grid, asked, sources[c["method"]], top, tuned_dir, searched_at)
                 record.finished("seeds")
         finally:
             record.note()
     return top, skipped
-
-
-class Record:
-    """comparison.yaml as the comparison goes: what was asked, the stages done, each cell's best as its search found
-    it, the wall time (over every command that ran it) and the trial slots, written as each stage ends."""
-
-    def __init__(self, path: Path, asked: dict, earlier: dict, slots: int) -> None:
-        self.path, self.asked, self.slots = path, asked, slots
-        self.wall, self.t0 = float(earlier.get("wall_s", 0.0)), time.monotonic()
-        self.done: list[str] = list(earlier.get("done", []))
-        self.found: dict[str, dict] = dict(earlier.get("best", {}))
-
-    @classmethod
-    def resumed(cls, path: Path, asked: dict, res: Resources) -> Record:
-        """The record a stopped comparison left, refused where it asked for other settings; Ray started, its slots
-        counted."""
-        import ray
-
-        from tuner.sweep.cluster import start_ray, trial_resources, trial_slots
-
-        earlier = yaml.safe_load(path.read_text()) if path.exists() else {}
-        if earlier and earlier.get("asked") != asked:
-            raise UserError(
-                f"{path.parent} was started with other settings ({_first_change(earlier.get('asked') or {}, asked)}); "
-                "resume it with the same options, or choose another --storage."
-            )
-        start_ray(res)
-        record = cls(
-            path, asked, earlier, trial_slots(trial_resources(res), res.max_concurrent, ray.cluster_resources())
-        )
-        record.note()
-        return record
-
-    def finished(self, stage: str) -> None:
-        self.done.append(stage)
-        self.note()
-
-    def note(self) -> None:
-        wall_s = self.wall + time.monotonic() - self.t0
-        text = yaml.safe_dump(
-            {"asked": self.asked, "wall_s": wall_s, "slots": self.slots, "done": self.done, "best": self.found},
-            sort_keys=False,
-        )
-        write_text_atomic(self.path, text)
 
 
 def tune_can_restore(path: Path) -> bool:
@@ -340,10 +301,18 @@ def seeds_stage(asked: dict, tuned: list[dict]) -> Stage:
 
 
 def write_tuned_cell(
-    cell: dict, search: dict, best: dict, grid: Iterable[Any], asked: dict, source: Path, top: Path, tuned_dir: Path
+    cell: dict,
+    search: dict,
+    best: dict,
+    grid: Iterable[Any],
+    asked: dict,
+    source: Path,
+    top: Path,
+    tuned_dir: Path,
+    commit: str,
 ) -> None:
     """The cell's tuned settings file (the best of its searches by validation: `search`, its search cell, found
-    `best`), with where they came from and what its seeds scored."""
+    `best`), with where they came from (`commit`: the search's) and what its seeds scored."""
     from tuner.sweep.space import tpe_startup
 
     common = asked["settings"]
@@ -377,7 +346,7 @@ def write_tuned_cell(
         "seeds": asked["seeds"],
         "seeds_test_acc": accs,
         "comparison": top.name,  # its folder: never a path of the machine that ran it
-        "commit": checkout_commit(),
+        "commit": commit,
     }
     write_tuned(tuned_dir, cfg.method, {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, **tuned}, provenance)
 
@@ -385,8 +354,3 @@ def write_tuned_cell(
 def shown_path(path: Path) -> str:
     """A path as the provenance shows it: from the current directory where it is under it."""
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-
-
-def _first_change(before: dict, now: dict) -> str:
-    k = next((k for k in now if before.get(k) != now[k]), "settings")
-    return f"{k}: {before.get(k)!r}, now {now[k]!r}"
