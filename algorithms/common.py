@@ -105,7 +105,13 @@ def uniform(key: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> to
         n *= d
     counter = torch.arange(n, device=key.device, dtype=torch.int64)
     bits = _hash32(_hash32(key) ^ _mul32(counter, 0x9E3779B9))
-    return ((bits.to(dtype) + 0.5) / 2.0**32).view(shape)
+    return unit_interval(bits, dtype).view(shape)
+
+
+def unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """32 random bits as a number in (0, 1): (bits + ½) / 2³², kept below 1 where `dtype` rounds the largest up to it
+    (float32 does for the top 2⁻²⁵ of draws: a Gumbel draw of it is infinite, a loss of it nan)."""
+    return ((bits.to(dtype) + 0.5) / 2.0**32).clamp(max=1 - torch.finfo(dtype).eps / 2)
 
 
 def gumbel(key: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -20,7 +20,9 @@ personal head.
 `fedcp-gumbel` is PFLlib's form (clientcp.py): the policy by Gumbel-softmax (τ = 1), also at inference.
 Its noise is keyed (algorithms/common.py `gumbel`, from the engine's per-step key), not drawn from
 torch's global stream as PFLlib's F.gumbel_softmax does: the same distribution, the same numbers on
-every device and executor. Runs of it before 2026-11-25 drew other (equally distributed) noise.
+every device and executor. Runs of it before 2026-11-25 drew other (equally distributed) noise; before
+2026-11-29 a float32 uniform draw could round up to 1.0 (its Gumbel draw infinite, the loss nan), which stopped
+every run of the digits comparison on seed 3 in round 24 (algorithms/common.py `unit_interval`).
 """
 
 from __future__ import annotations

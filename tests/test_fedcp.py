@@ -50,3 +50,16 @@ def test_fedcp_refuses_cpn_without_global_head():
 
     with pytest.raises(UserError, match="cannot keep the CPN"):
         RunConfig(method="fedcp", dataset="digits", hparams={"gh": False}).resolved()
+
+
+def test_keyed_uniforms_stay_below_one_so_a_gumbel_draw_is_finite():
+    """The top 2⁻²⁵ of 32-bit draws rounds to 2³² in float32, (bits + ½) / 2³² to 1.0 and its Gumbel draw to inf:
+    every FedCP-Gumbel run of the digits comparison on seed 3 met one in round 24 and its loss became nan."""
+    from algorithms.common import unit_interval
+
+    top = torch.tensor([0, 2**32 - 200, 2**32 - 1], dtype=torch.int64)
+    assert ((top.to(torch.float32) + 0.5) / 2.0**32)[-1] == 1.0  # what the plain formula gives
+    for dtype in (torch.float32, torch.float64):
+        u = unit_interval(top, dtype)
+        assert (u > 0).all() and (u < 1).all() and torch.isfinite(-torch.log(-torch.log(u))).all()
+    assert unit_interval(top, torch.float64)[1] == (2**32 - 200 + 0.5) / 2**32  # the rest as they were
