@@ -15,7 +15,8 @@ Prediction: the personalized model {W_i^fe, W^hd, W_i^hd, Θ_i}.
 Ablations (Table 1): cs=False drops the client-specific vector (C_i = h_i), ss=False the
 sample-specific one (C_i = v_i/‖v_i‖), both: a random frozen vector; gfm=False drops the frozen
 global extractor and MMD; cpn=False feeds h to both heads; cpn=False, gh=False keeps only the
-personal head.
+personal head. With gfm=False too, a shared extractor and a personal head are left: FedPer, the same
+rounds on the same seed (tests/test_fedcp.py).
 
 `fedcp-gumbel` is PFLlib's form (clientcp.py): the policy by Gumbel-softmax (τ = 1), also at inference.
 Its noise is keyed (algorithms/common.py `gumbel`, from the engine's per-step key), not drawn from

@@ -63,3 +63,14 @@ def test_keyed_uniforms_stay_below_one_so_a_gumbel_draw_is_finite():
         u = unit_interval(top, dtype)
         assert (u > 0).all() and (u < 1).all() and torch.isfinite(-torch.log(-torch.log(u))).all()
     assert unit_interval(top, torch.float64)[1] == (2**32 - 200 + 0.5) / 2**32  # the rest as they were
+
+
+def test_fedcp_without_cpn_global_extractor_and_global_head_is_fedper():
+    """FedCP-noCPN-noGFM-noGH keeps a shared extractor and a personal head, FedPer's model and training: the same
+    rounds on the same seed (the digits comparison's defaults rows of the two are equal for this reason)."""
+    from simulations import exact_config, run_rounds
+
+    _, ablated = run_rounds(exact_config("fedcp-nocpn-nogfm-nogh", executor="sequential"), 2)
+    _, fedper = run_rounds(exact_config("fedper", executor="sequential"), 2)
+    for a, b in zip(ablated, fedper, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9) and a["acc"] == b["acc"]
