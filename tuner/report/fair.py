@@ -371,21 +371,21 @@ def _rank(r: float) -> str:
 
 
 def plot_fair(methods: pd.DataFrame, out: Path) -> list[Path]:
-    """Per setting, each method's defaults and tuned accuracy with their spread over seeds."""
+    """Per setting, each method that ran: its defaults and tuned accuracy with their spread over seeds."""
     import matplotlib.pyplot as plt
 
     from tuner.files import write_atomic
 
     files = []
     for setting, t in methods.groupby("setting"):
-        t = t.sort_values("tuned_mean")
+        t = t[t["refused"] == ""].sort_values("tuned_mean")  # a refused method is named under the tables instead
         fig, ax = plt.subplots(figsize=(7, 0.3 * len(t) + 1.5))
         y = range(len(t))
         ax.errorbar(t["defaults_mean"], y, xerr=t["defaults_std"], fmt="o", label="defaults", color="0.5")
         ax.errorbar(t["tuned_mean"], y, xerr=t["tuned_std"], fmt="o", label="tuned", color="C0")
         ax.set_yticks(list(y), t["title"])
         ax.set_xlabel("test accuracy (%) at the validation-chosen round")
-        ax.set_title(f"{setting}: every method tuned at the same budget")
+        ax.set_title(f"{setting}\nevery method tuned at the same budget")
         ax.legend(loc="lower right")
         fig.tight_layout()
         path = out / f"fair-{setting}.png"
