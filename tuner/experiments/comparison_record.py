@@ -4,6 +4,8 @@ stopped one resumes with what it asked and says afterwards what ran where."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -47,14 +49,20 @@ class Record:
         record.note()
         return record
 
-    def starts(self, stage: str) -> None:
-        at = self.commits.setdefault(stage, [])
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """A stage run: its commit recorded as it starts, the stage done once the body returns (a stop leaves it
+        to do)."""
+        at = self.commits.setdefault(name, [])
         at += [checkout_commit()] if not at or at[-1] != checkout_commit() else []
         self.note()
-
-    def finished(self, stage: str) -> None:
-        self.done.append(stage)
+        yield
+        self.done.append(name)
         self.note()
+
+    def commits_of(self, stage: str) -> str:
+        """The commits `stage` ran at, as a provenance names them (the checkout's where none was recorded)."""
+        return ", ".join(self.commits.get(stage, [])) or checkout_commit()
 
     def note(self) -> None:
         wall_s = self.wall + time.monotonic() - self.t0

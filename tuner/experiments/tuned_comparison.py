@@ -34,7 +34,7 @@ from tuner.files import read_mapping, write_text_atomic
 from tuner.report.fair import COMPARISON_FILE
 from tuner.report.runs import NOT_CONFIGURATION
 from tuner.settings.config import absolute_settings, resolve_layers
-from tuner.settings.tuned_files import DATA_SETTINGS, checkout_commit, file_hash, write_tuned
+from tuner.settings.tuned_files import DATA_SETTINGS, file_hash, write_tuned
 from tuner.sweep.cells import cell_key
 from tuner.sweep.cluster import Resources
 from tuner.sweep.runner import Stage, holding, run_stage
@@ -152,18 +152,15 @@ def reproduce_tuned(
         record = Record.resumed(top / COMPARISON_FILE, asked, res)
         try:  # a stop keeps the time spent so far
             if DEFAULTS_STAGE not in record.done:
-                record.starts(DEFAULTS_STAGE)
-                run_stage(top, defaults_stage(asked, todo), res, tune_can_restore(top / DEFAULTS_STAGE))
-                record.finished(DEFAULTS_STAGE)
+                with record.stage(DEFAULTS_STAGE):
+                    run_stage(top, defaults_stage(asked, todo), res, tune_can_restore(top / DEFAULTS_STAGE))
             spaces = {
                 cell_key(c): fair_space(c["method"], sources[c["method"]], top / "spaces", c, asked) for c in searched
             }
             if "search" not in record.done:
-                record.starts("search")
-                stage = search_stage(asked, searched, spaces)
-                grid = run_stage(top, stage, res, tune_can_restore(top / "search"))
-                record.found.update(best_by_cell(grid, spaces, top / "search"))
-                record.finished("search")
+                with record.stage("search"):
+                    grid = run_stage(top, search_stage(asked, searched, spaces), res, tune_can_restore(top / "search"))
+                    record.found.update(best_by_cell(grid, spaces, top / "search"))
             found = {cell_key(c): searches_found(c, searched, record.found) for c in todo}
             tuned_cells = [c for c in todo if found[cell_key(c)]]
             if "seeds" not in record.done and tuned_cells:
@@ -171,13 +168,15 @@ def reproduce_tuned(
                 reruns = {
                     cell_key(r): r for c in tuned_cells for _, b in found[cell_key(c)] for r in [{**c, **b["config"]}]
                 }
-                record.starts("seeds")
-                grid = run_stage(top, seeds_stage(asked, list(reruns.values())), res, tune_can_restore(top / "seeds"))
-                searched_at = ", ".join(record.commits.get("search", [])) or checkout_commit()
-                for c in tuned_cells:
-                    search, best = max(found[cell_key(c)], key=lambda f: f[1]["val_acc"] or 0)  # the first of equals
-                    write_tuned_cell(c, search, best, grid, asked, sources[c["method"]], top, tuned_dir, searched_at)
-                record.finished("seeds")
+                with record.stage("seeds"):
+                    stage = seeds_stage(asked, list(reruns.values()))
+                    grid = run_stage(top, stage, res, tune_can_restore(top / "seeds"))
+                    for c in tuned_cells:
+                        search, best = max(
+                            found[cell_key(c)], key=lambda f: f[1]["val_acc"] or 0
+                        )  # the first of equals
+                        source, at = sources[c["method"]], record.commits_of("search")
+                        write_tuned_cell(c, search, best, grid, asked, source, top, tuned_dir, at)
         finally:
             record.note()
     return top, skipped
