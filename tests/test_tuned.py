@@ -296,6 +296,18 @@ def test_a_search_whose_paper_default_lies_outside_its_range_starts_without_it(t
         StoppableOptunaSearch(space=space.search, metric=SCORE, mode="max", points_to_evaluate=points)
 
 
+def test_the_latex_table_prints_as_a_paper_does_and_names_a_refused_method_in_its_caption():
+    from tuner.report.fair import fair_latex
+
+    row = dict(setting="digits-dir0.1-20c-mlp", defaults_std=1.234, tuned_std=0.5, gain_low=1.0, gain_high=3.0)
+    ran = dict(row, title="FedAvg", refused="", defaults_mean=80.12345, tuned_mean=82.0, gain=1.87655, gain_p=0.01234)
+    ran |= dict(gain_p_holm=0.0246, rank_defaults=2.0, rank_tuned=1.0)
+    refused = dict(row, title="FedBN", refused="no batch_norm here.", rank_defaults=math.nan, rank_tuned=math.nan)
+    tex = fair_latex(pd.DataFrame([ran, refused]))
+    assert "FedAvg & 80.12 & 1.23 & 82.00 & 0.50 & 1.88 & 1.00 & 3.00 & 0.012 & 0.025 & 2 & 1" in tex
+    assert "FedBN &" not in tex and "Not run at digits-dir0.1-20c-mlp: FedBN: no batch\\_norm here.}" in tex
+
+
 def test_holm_and_benjamini_hochberg_adjust_a_family_and_leave_untested_rows_out():
     from scipy import stats
 

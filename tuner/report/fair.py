@@ -334,14 +334,18 @@ def _own_line(t: pd.DataFrame, col) -> str:
 
 
 def fair_latex(methods: pd.DataFrame) -> str:
-    """The table in LaTeX; a method a setting refused is not a row of NaNs but named with its reason in the
-    caption."""
+    """The table in LaTeX as a paper prints it (accuracies and gains to 2 decimals, p to 3, ranks whole); a method a
+    setting refused is not a row of NaNs but named with its reason in the caption."""
     cols = ["setting", "title", "defaults_mean", "defaults_std", "tuned_mean", "tuned_std", "gain", "gain_low"]
     ran, refused = methods[methods["refused"] == ""], methods[methods["refused"] != ""]
-    frame = ran[[*cols, "gain_high", "gain_p", "gain_p_holm", "rank_defaults", "rank_tuned"]].round(3)
-    caption = "Every method tuned at the same budget (mean and sample std over seeds; Holm over each setting)"
-    caption += "".join(f". Not run at {r.setting}: {r.title}: {r.refused}" for r in refused.itertuples())
-    return frame.to_latex(index=False, caption=_latex_text(caption), escape=True)
+    frame = ran[[*cols, "gain_high", "gain_p", "gain_p_holm", "rank_defaults", "rank_tuned"]]
+    formats = {c: "{:.2f}".format for c in cols[2:] + ["gain_high"]}
+    formats |= {c: "{:.3f}".format for c in ("gain_p", "gain_p_holm")} | {
+        c: _rank for c in ("rank_defaults", "rank_tuned")
+    }
+    caption = "Every method tuned at the same budget (mean and sample std over seeds; Holm over each setting)."
+    caption += "".join(f" Not run at {r.setting}: {r.title}: {r.refused.rstrip('.')}." for r in refused.itertuples())
+    return frame.to_latex(index=False, caption=_latex_text(caption), escape=True, formatters=formats)
 
 
 def _latex_text(text: str) -> str:
