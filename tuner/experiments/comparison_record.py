@@ -53,8 +53,8 @@ class Record:
     def stage(self, name: str) -> Iterator[None]:
         """A stage run: its commit recorded as it starts, the stage done once the body returns (a stop leaves it
         to do)."""
-        at = self.commits.setdefault(name, [])
-        at += [checkout_commit()] if not at or at[-1] != checkout_commit() else []
+        at, here = self.commits.setdefault(name, []), checkout_commit()
+        at += [here] if not at or at[-1] != here else []
         self.note()
         yield
         self.done.append(name)

@@ -44,9 +44,7 @@ def difference(a: Sequence[float], b: Sequence[float], paired: bool = False, lev
         va, vb = _variance(a) / len(a), _variance(b) / len(b)
         mean, var = sum(a) / len(a) - sum(b) / len(b), va + vb
         df = var**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if var > 0 else 1
-    half = stats.t.ppf((1 + level) / 2, df) * math.sqrt(var)
-    p = 2 * stats.t.sf(abs(mean) / math.sqrt(var), df) if var > 0 else float(mean == 0)
-    return Difference(mean, mean - half, mean + half, float(p))
+    return _t_interval(mean, var, df, level)
 
 
 def searches_and_seeds(
@@ -70,6 +68,12 @@ def searches_and_seeds(
     mean = sum(gaps) / seeds  # the sides' grand means' difference: every search weighs the same within its side
     var, spread = sum(v for v, _ in terms), [(v, k) for v, k in terms if v > 0]
     df = spread[0][1] if len(spread) == 1 else var**2 / sum(v**2 / k for v, k in spread) if spread else 1
+    return _t_interval(mean, var, df, level)
+
+
+def _t_interval(mean: float, var: float, df: float, level: float) -> Difference:
+    """The `level` t interval around `mean` of variance `var` on `df` degrees of freedom, and its two-sided p (no
+    spread: p 1 where the mean is 0, else 0)."""
     half = stats.t.ppf((1 + level) / 2, df) * math.sqrt(var)
     p = 2 * stats.t.sf(abs(mean) / math.sqrt(var), df) if var > 0 else float(mean == 0)
     return Difference(mean, mean - half, mean + half, float(p))
